@@ -1,0 +1,34 @@
+"""The journal: the event vocabulary of a request and its SQLite storage.
+
+This package is the ground floor: it imports nothing of `smg` or `replay`.
+"""
+
+from journal.events import (
+    Block,
+    Completed,
+    Error,
+    Event,
+    Received,
+    Rejected,
+    Rendered,
+    Routed,
+    Tokens,
+    Upstream,
+    Validated,
+    event_from_dict,
+)
+
+__all__ = [
+    "Block",
+    "Completed",
+    "Error",
+    "Event",
+    "Received",
+    "Rejected",
+    "Rendered",
+    "Routed",
+    "Tokens",
+    "Upstream",
+    "Validated",
+    "event_from_dict",
+]

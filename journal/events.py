@@ -1,0 +1,183 @@
+"""The events a request is made of, as small data classes registered by their `kind`.
+
+A request's life is the ordered sequence `received`, `validated` | `rejected`, `routed`,
+(`rendered`, `tokens`…) | (`upstream`…), `block`…, `error`?, `completed`. Each event is plain
+data: `to_dict()` gives the JSON-ready payload that the journal stores and `event_from_dict`
+rebuilds the event from it. Timing (`t`, seconds since the request arrived) is stamped by
+whoever emits the event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+_REGISTRY: dict[str, type[Event]] = {}
+E = TypeVar("E", bound="Event")
+
+
+@dataclass(slots=True)
+class Event:
+    kind: ClassVar[str] = ""
+    t: float = field(default=0.0, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The payload without `t` (stored in its own column)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "t"}
+
+
+def _register(cls: type[E]) -> type[E]:
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def event_from_dict(kind: str, data: dict[str, Any], t: float = 0.0) -> Event:
+    """Rebuild an event from its stored kind and payload; unknown keys are ignored."""
+    cls = _REGISTRY[kind]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names}, t=t)
+
+
+def event_kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@_register
+@dataclass(slots=True)
+class Received(Event):
+    """The request arrived. Headers are redacted before this event is built."""
+
+    kind: ClassVar[str] = "received"
+    method: str
+    path: str
+    request_id: str = ""
+    query: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    body: str | None = None
+    client: str | None = None
+    tenant: str | None = None
+    ts: float = 0.0  # wall clock (epoch seconds)
+
+
+@_register
+@dataclass(slots=True)
+class Validated(Event):
+    """The body parsed and passed every rule."""
+
+    kind: ClassVar[str] = "validated"
+    model: str
+    stream: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@_register
+@dataclass(slots=True)
+class Rejected(Event):
+    """The body, or the request around it, was refused before routing."""
+
+    kind: ClassVar[str] = "rejected"
+    status: int
+    error_type: str
+    message: str
+    code: str | None = None
+
+
+@_register
+@dataclass(slots=True)
+class Routed(Event):
+    """A backend and a worker were chosen."""
+
+    kind: ClassVar[str] = "routed"
+    backend: str
+    worker: str | None
+    model: str
+    policy: str | None = None
+    attempt: int = 1
+
+
+@_register
+@dataclass(slots=True)
+class Rendered(Event):
+    """gRPC/ZMQ only: the prompt that was sent to the engine."""
+
+    kind: ClassVar[str] = "rendered"
+    prompt_tokens: int
+    prompt_digest: str
+    stop_ids: list[int] = field(default_factory=list)
+    constraint: dict[str, Any] | None = None
+
+
+@_register
+@dataclass(slots=True)
+class Tokens(Event):
+    """gRPC/ZMQ only: one engine chunk."""
+
+    kind: ClassVar[str] = "tokens"
+    ids: list[int]
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+
+
+@_register
+@dataclass(slots=True)
+class Upstream(Event):
+    """Relay backends: one part of the upstream response.
+
+    `part` is `head` (status and headers), `chunk` (a piece of a streamed body, as it
+    arrived) or `body` (a whole buffered body). Text is stored as text; bytes that are not
+    UTF-8 are stored base64-encoded with `encoding="base64"`.
+    """
+
+    kind: ClassVar[str] = "upstream"
+    part: str
+    status: int | None = None
+    headers: dict[str, str] | None = None
+    data: str | None = None
+    encoding: str = "utf-8"
+    worker: str | None = None
+
+    def payload(self) -> bytes:
+        """The exact bytes this part stands for."""
+        from journal.pieces import piece_bytes
+
+        return piece_bytes(self.data, self.encoding) if self.data else b""
+
+
+@_register
+@dataclass(slots=True)
+class Block(Event):
+    """One Anthropic stream event (`message_start`, `content_block_*`, `message_delta`,
+    `message_stop`) as its JSON payload."""
+
+    kind: ClassVar[str] = "block"
+    event: dict[str, Any]
+
+
+@_register
+@dataclass(slots=True)
+class Error(Event):
+    """A failure at some stage; what the client was told."""
+
+    kind: ClassVar[str] = "error"
+    stage: str
+    status: int
+    error_type: str
+    message: str
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # response headers it carried
+
+
+@_register
+@dataclass(slots=True)
+class Completed(Event):
+    """The response finished (or the client went away: `disconnected`)."""
+
+    kind: ClassVar[str] = "completed"
+    status: int
+    duration_ms: float
+    usage: dict[str, Any] | None = None
+    stop_reason: str | None = None
+    bytes_sent: int = 0
+    disconnected: bool = False

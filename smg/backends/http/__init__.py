@@ -1,0 +1,1 @@
+"""HTTP workers that implement the Messages API themselves: validate, relay, re-shape errors."""

@@ -1,0 +1,51 @@
+"""Which request headers reach a worker, and which response headers reach the client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+_FORWARDED = frozenset(
+    {
+        "authorization",
+        "anthropic-version",
+        "anthropic-beta",
+        "x-request-id",
+        "x-correlation-id",
+        "traceparent",
+        "tracestate",
+        "x-smg-routing-key",
+    }
+)
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-encoding",
+        "content-length",
+        "host",
+        "x-smg-error-code",  # only ever names codes the gateway minted itself
+    }
+)
+
+
+def forwarded_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The allowlisted client headers for an HTTP/PD worker; `Content-Type` is set by us."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        key = name.lower()
+        if key in _FORWARDED or key.startswith("x-request-id-"):
+            out[key] = value
+    out["content-type"] = "application/json"
+    return out
+
+
+def relayed_response_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A worker's response headers minus hop-by-hop ones."""
+    return {k.lower(): v for k, v in headers if k.lower() not in _HOP_BY_HOP}

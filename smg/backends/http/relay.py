@@ -1,0 +1,220 @@
+"""The HTTP-worker relay: a validated request re-serialized to one worker, its answer relayed.
+
+Success bodies and SSE streams pass through unchanged, as they arrive; error answers are
+handed on as `upstream` events and re-shaped into the Messages envelope by the projection.
+Transport failures and retryable statuses are retried on another worker (or the same one
+when it is alone) with exponential backoff, before any byte reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+
+from journal.events import Error, Event, Routed, Upstream
+from journal.pieces import TextPieces, text_piece
+from smg.backends.base import Call, ModelCard
+from smg.backends.http.client import make_client
+from smg.backends.http.discovery import check_health, discover
+from smg.backends.http.headers import forwarded_request_headers, relayed_response_headers
+from smg.config import GatewayConfig, RetryConfig
+from smg.protocol import codec
+from smg.protocol.errors import ApiError
+from smg.routing.workers import Worker, WorkerRegistry
+
+log = logging.getLogger("smg.relay")
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_PATHS = {"messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}
+# Modeled optional fields: an explicit null is the same as absent and is not forwarded.
+_OPTIONAL_FIELDS = frozenset(
+    {
+        "system", "stream", "temperature", "top_p", "top_k", "stop_sequences", "tools",
+        "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "rid",
+    }
+)
+
+
+def relay_body(call: Call) -> bytes:
+    """The body a worker receives: the client's JSON with the canonical model id."""
+    body = call.body
+    if call.alias_used or any(body.get(k, 0) is None for k in _OPTIONAL_FIELDS):
+        body = {k: v for k, v in body.items() if not (v is None and k in _OPTIONAL_FIELDS)}
+        if "model" in body:
+            body["model"] = call.model
+    return codec.dumps(body)
+
+
+def backoff_seconds(retry: RetryConfig, attempt: int) -> float:
+    base = retry.initial_backoff_ms * retry.backoff_multiplier ** (attempt - 1)
+    base = min(base, retry.max_backoff_ms)
+    jitter = base * retry.jitter_factor * (2 * random.random() - 1)
+    return max(0.0, base + jitter) / 1000.0
+
+
+class HttpRelayBackend:
+    """Relays Messages and count_tokens requests to HTTP workers."""
+
+    name = "http"
+
+    def __init__(self, config: GatewayConfig, registry: WorkerRegistry, urls: list[str]) -> None:
+        self._config = config
+        self._registry = registry
+        self._urls = [u.rstrip("/") for u in urls]
+        self._client: httpx.AsyncClient | None = None
+        self._health_task: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("backend not started")
+        return self._client
+
+    async def start(self) -> None:
+        self._client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
+        workers = [self._registry.add(Worker(url=u, kind="http")) for u in self._urls]
+        await asyncio.gather(*(discover(w, self._client) for w in workers))
+        self._health_task = asyncio.create_task(self._watch_health(), name="smg-http-health")
+
+    async def close(self) -> None:
+        if self._health_task:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+        if self._client:
+            await self._client.aclose()
+
+    def models(self) -> list[ModelCard]:
+        cards: dict[str, ModelCard] = {}
+        for worker in self._registry.all():
+            if worker.kind != "http":
+                continue
+            for model in worker.models:
+                window = worker.context_windows.get(model)
+                card = cards.setdefault(model, ModelCard(id=model, owned_by="smg", context_window=window))
+                if window and (card.context_window is None or window < card.context_window):
+                    card.context_window = window
+        return sorted(cards.values(), key=lambda c: c.id)
+
+    async def _watch_health(self) -> None:
+        interval = self._config.health_check_interval_secs
+        elapsed = 0.0
+        tick = min(2.0, interval)
+        while True:
+            await asyncio.sleep(tick)
+            elapsed += tick
+            full_round = elapsed >= interval
+            if full_round:
+                elapsed = 0.0
+            for worker in self._registry.all():
+                if worker.kind != "http":
+                    continue
+                # Workers that are down or undiscovered are probed every tick; the rest each interval.
+                if not worker.discovered:
+                    await discover(worker, self.client)
+                elif full_round or not worker.healthy:
+                    await check_health(worker, self.client)
+
+    async def handle(self, call: Call) -> AsyncIterator[Event]:
+        if call.endpoint == "messages" and getattr(call.request, "max_tokens", None) == 0:
+            raise ApiError(
+                400,
+                "max_tokens: 0 cannot be relayed to an HTTP worker: the gateway renders no prompt "
+                "on this backend, so it cannot build the empty message",
+                code="max_tokens_zero_not_relayed",
+            )
+        body = relay_body(call)
+        headers = forwarded_request_headers(call.headers)
+        path = _PATHS[call.endpoint]
+        retry = self._config.retry
+        max_attempts = 1 + (retry.max_retries if retry else 0)
+        tried: set[str] = set()
+        failure: ApiError | None = None
+
+        for attempt in range(1, max_attempts + 1):
+            if attempt > 1 and retry:
+                await asyncio.sleep(backoff_seconds(retry, attempt - 1))
+            worker = self._pick(call.model, tried, failure)
+            tried.add(worker.url)
+            yield Routed(backend=self.name, worker=worker.url, model=call.model, policy="round_robin", attempt=attempt)
+            url = worker.url + path
+            try:
+                response = await self.client.send(
+                    self.client.build_request("POST", url, content=body, headers=headers), stream=True
+                )
+            except httpx.TimeoutException as exc:
+                failure = ApiError(504, f"{_describe(exc)}. URL: {url}", code="call_upstream_timeout")
+                continue
+            except httpx.HTTPError as exc:
+                worker.healthy = False
+                worker.last_error = _describe(exc)
+                failure = ApiError(502, f"{_describe(exc)}. URL: {url}", code="call_upstream_connection_failed")
+                continue
+
+            if response.status_code in RETRYABLE_STATUSES and attempt < max_attempts:
+                await response.aclose()
+                failure = None
+                continue
+            async for event in self._relay(call, worker, response):
+                yield event
+            return
+
+        # Only transport failures leave the loop without returning: the last one is the answer.
+        assert failure is not None
+        raise failure
+
+    def _pick(self, model: str, tried: set[str], failure: ApiError | None) -> Worker:
+        try:
+            return self._registry.select(model, frozenset(tried))
+        except ApiError:
+            if failure is None:
+                raise
+            # Every worker is down after a transport failure: report that failure, not the pool state.
+            raise failure from None
+
+    async def _relay(self, call: Call, worker: Worker, response: httpx.Response) -> AsyncIterator[Event]:
+        status = response.status_code
+        head = relayed_response_headers(response.headers.multi_items())
+        streaming = call.stream and status < 400
+        if streaming:
+            head["content-type"] = "text/event-stream"
+        yield Upstream(part="head", status=status, headers=head, worker=worker.url)
+        try:
+            if streaming:
+                pieces = TextPieces()
+                async for chunk in response.aiter_bytes():
+                    piece = pieces.feed(chunk)
+                    if piece:
+                        yield Upstream(part="chunk", data=piece[0], encoding=piece[1])
+                tail = pieces.flush()
+                if tail:
+                    yield Upstream(part="chunk", data=tail[0], encoding=tail[1])
+            else:
+                raw = await _read_capped(response, self._config.max_payload_size)
+                data, encoding = text_piece(raw)
+                yield Upstream(part="body", data=data, encoding=encoding)
+        except httpx.HTTPError as exc:
+            message = f"Upstream stream ended unexpectedly: {_describe(exc)}"
+            yield Error(stage="upstream", status=502, error_type="api_error", message=message, code="upstream_stream_interrupted")
+        finally:
+            await response.aclose()
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise httpx.DecodingError(f"upstream body larger than {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+

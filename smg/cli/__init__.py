@@ -1,0 +1,1 @@
+"""The `smg` command line: `launch`, `journal …`."""

@@ -1,0 +1,117 @@
+"""From command-line values to a running gateway: checks the settings, builds the backend for
+the worker kind, the journal writer and the Sanic app, and serves."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from smg.config import GatewayConfig, RetryConfig
+from smg.routing.workers import WorkerRegistry, worker_kind
+
+log = logging.getLogger("smg.launch")
+
+_ENGINE_RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class LaunchError(ValueError):
+    """A setting that cannot work, said plainly."""
+
+
+def _aliases(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        alias, sep, canonical = pair.partition("=")
+        if not sep or not alias or not canonical:
+            raise LaunchError(f"--model-alias takes ALIAS=CANONICAL, got {pair!r}")
+        out[alias] = canonical
+    return out
+
+
+def build_config(
+    *,
+    host: str,
+    port: int,
+    worker_urls: list[str],
+    backend: str | None,
+    model_path: str | None,
+    tokenizer_path: str | None,
+    model_aliases: list[str],
+    api_key: str | None,
+    cors_allowed_origins: list[str],
+    request_timeout_secs: float,
+    log_level: str,
+    journal_path: Path | None,
+    max_payload_size: int,
+    retry_max_retries: int,
+    health_check_interval_secs: float,
+    upstream_transport: str,
+) -> GatewayConfig:
+    if not worker_urls:
+        raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000)")
+    kinds = set()
+    for url in worker_urls:
+        try:
+            kinds.add(worker_kind(url))
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+    if kinds - {"http"}:
+        unsupported = ", ".join(sorted(kinds - {"http"}))
+        raise LaunchError(f"{unsupported} workers are not supported by this gateway yet; use http(s):// worker URLs")
+    if backend is not None:
+        if backend in _ENGINE_RUNTIMES or backend == "openai":
+            pass  # the relay serves any engine that implements the Messages API over HTTP
+        elif backend in ("anthropic", "gemini"):
+            raise LaunchError(f"--backend {backend} is not supported by this gateway yet")
+        else:
+            raise LaunchError(f"unknown --backend {backend!r}")
+    if model_path or tokenizer_path:
+        log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
+    if log_level.lower() not in _LOG_LEVELS:
+        raise LaunchError(f"--log-level must be one of {', '.join(_LOG_LEVELS)}")
+    if not 0 < port < 65536:
+        raise LaunchError("--port must be between 1 and 65535")
+    if request_timeout_secs <= 0:
+        raise LaunchError("--request-timeout-secs must be positive")
+    return GatewayConfig(
+        host=host,
+        port=port,
+        worker_urls=tuple(worker_urls),
+        backend=backend,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        model_aliases=_aliases(model_aliases),
+        api_key=api_key or None,
+        cors_allowed_origins=tuple(cors_allowed_origins),
+        request_timeout_secs=request_timeout_secs,
+        log_level=log_level.lower(),
+        journal_path=journal_path,
+        max_payload_size=max_payload_size,
+        retry=RetryConfig(max_retries=retry_max_retries) if retry_max_retries > 0 else None,
+        health_check_interval_secs=health_check_interval_secs,
+        upstream_transport=upstream_transport,
+    )
+
+
+def run(config: GatewayConfig) -> None:
+    """Serve until interrupted, in this process (one journal writer, one event loop)."""
+    from journal.writer import JournalWriter, NullJournal
+    from smg.backends.http.relay import HttpRelayBackend
+    from smg.server.app import build_app
+
+    registry = WorkerRegistry()
+    backend = HttpRelayBackend(config, registry, list(config.worker_urls))
+    journal = JournalWriter(config.journal_path) if config.journal_path else NullJournal()
+    app = build_app(config, backend, journal)
+    log.info(
+        "smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off"
+    )
+    app.run(
+        host=config.host,
+        port=config.port,
+        single_process=True,
+        access_log=False,
+        motd=False,
+        debug=False,
+    )

@@ -1,0 +1,136 @@
+"""The `smg` command: `smg launch` starts the gateway; `smg journal …` reads what it recorded."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from smg.cli.journal import journal_app
+
+app = typer.Typer(help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True)
+app.add_typer(journal_app, name="journal")
+
+# Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
+_MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias")
+
+# Flags of the reference gateway this build knows of but does not serve yet: refused by name,
+# never ignored.
+NOT_YET = {
+    "--enable-igw": "IGW mode (several backends at once)",
+    "--pd-disaggregation": "prefill/decode disaggregation",
+    "--prefill": "prefill/decode disaggregation",
+    "--decode": "prefill/decode disaggregation",
+    "--epd-disaggregation": "encode/prefill/decode disaggregation",
+    "--policy": "routing policies other than round robin",
+    "--tool-call-parser": "tool-call parsers (gRPC workers)",
+    "--reasoning-parser": "reasoning parsers (gRPC workers)",
+    "--chat-template": "chat templates (gRPC workers)",
+    "--disable-tokenizer-autoload": "the tokenizer registry (gRPC workers)",
+    "--mcp-config-path": "the MCP tool loop",
+    "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
+    "--max-concurrent-requests": "concurrency admission",
+    "--tenant-rate-limit-enabled": "tenant rate limiting",
+    "--stream-request-bodies-over": "streamed-through request bodies",
+    "--prometheus-port": "Prometheus metrics",
+}
+
+
+def expand_multi_values(argv: list[str]) -> list[str]:
+    """`--worker-urls a b c` → `--worker-urls a --worker-urls b --worker-urls c`."""
+    out: list[str] = []
+    flag: str | None = None
+    for arg in argv:
+        if arg.startswith("-"):
+            flag = arg if arg in _MULTI_VALUE else None
+            out.append(arg)
+            continue
+        if flag and out and out[-1] != flag and not out[-1].startswith("-"):
+            out.append(flag)
+        out.append(arg)
+    return out
+
+
+def main() -> None:
+    app(args=expand_multi_values(sys.argv[1:]), prog_name="smg")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 30000,
+    worker_urls: Annotated[
+        list[str] | None,
+        typer.Option(help="Worker URLs; the scheme picks the kind: http(s):// (relay), grpc://, ipc:// (ZMQ)."),
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", "--runtime", help="Engine runtime or API backend (e.g. sglang, vllm).")
+    ] = None,
+    model_path: Annotated[
+        str | None, typer.Option("--model-path", "--model", help="Model path for the tokenizer (gRPC/ZMQ workers).")
+    ] = None,
+    tokenizer_path: Annotated[str | None, typer.Option(help="Tokenizer path, if not the model path.")] = None,
+    model_alias: Annotated[
+        list[str] | None, typer.Option(help="ALIAS=CANONICAL: serve CANONICAL under another name (repeatable).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Require `Authorization: Bearer <key>` from clients.", envvar="SMG_API_KEY")
+    ] = None,
+    cors_allowed_origins: Annotated[
+        list[str] | None, typer.Option(help="Origins allowed cross-origin (default: any).")
+    ] = None,
+    request_timeout_secs: Annotated[float, typer.Option(help="Upstream request timeout.")] = 1800.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    journal: Annotated[
+        Path, typer.Option("--journal", help="SQLite journal file.", envvar="SMG_JOURNAL")
+    ] = Path("smg-journal.db"),
+    no_journal: Annotated[bool, typer.Option("--no-journal", help="Record nothing.")] = False,
+    max_payload_size: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 536_870_912,
+    retry_max_retries: Annotated[int, typer.Option(help="Upstream retries per request.")] = 5,
+    disable_retries: Annotated[bool, typer.Option("--disable-retries", help="Never retry upstream.")] = False,
+    health_check_interval_secs: Annotated[float, typer.Option(help="Seconds between worker health checks.")] = 30.0,
+    upstream_transport: Annotated[
+        str, typer.Option(help="Upstream HTTP transport: httpx or aiohttp.", hidden=True)
+    ] = "httpx",
+) -> None:
+    """Start the gateway."""
+    from smg.cli.launch import LaunchError, build_config, run
+
+    for extra in ctx.args:
+        name = extra.split("=", 1)[0]
+        if name in NOT_YET:
+            raise typer.BadParameter(f"{name}: {NOT_YET[name]} is not supported by this gateway yet", param_hint=name)
+        if name.startswith("-"):
+            raise typer.BadParameter(f"no such option: {name}", param_hint=name)
+        raise typer.BadParameter(f"unexpected argument {extra!r}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The upstream client would log every request at INFO: far too much on the hot path.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        config = build_config(
+            host=host,
+            port=port,
+            worker_urls=worker_urls or [],
+            backend=backend,
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            model_aliases=model_alias or [],
+            api_key=api_key,
+            cors_allowed_origins=cors_allowed_origins or [],
+            request_timeout_secs=request_timeout_secs,
+            log_level=log_level,
+            journal_path=None if no_journal else journal,
+            max_payload_size=max_payload_size,
+            retry_max_retries=0 if disable_retries else retry_max_retries,
+            health_check_interval_secs=health_check_interval_secs,
+            upstream_transport=upstream_transport,
+        )
+    except LaunchError as exc:
+        typer.echo(f"smg launch: {exc}", err=True)
+        raise typer.Exit(2) from None
+    run(config)

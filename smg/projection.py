@@ -1,0 +1,237 @@
+"""The HTTP response as a projection of a request's events.
+
+Sans-IO: a `Projection` is fed events in order and answers with actions for the server to
+carry out (`Whole` for a buffered response, `Head`/`Send`/`End` for a stream). The live
+server and `reconstruct` (journal views, replay) run the same code, so what the journal
+shows is what the client received.
+
+- Relay backends: `upstream` parts; a success passes through byte for byte, an error status
+  becomes the Messages envelope.
+- Engine backends: `block` events; a stream is their SSE frames, a buffered answer is the
+  message they build.
+- Any `error` event: the envelope before the first byte, an SSE `error` frame after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from journal.events import Block, Error, Event, Received, Upstream, Validated
+from smg.protocol.errors import envelope, error_from_upstream
+
+
+@dataclass
+class Whole:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Head:
+    status: int
+    headers: dict[str, str]
+
+
+@dataclass
+class Send:
+    data: bytes
+
+
+@dataclass
+class End:
+    pass
+
+
+Action = Whole | Head | Send | End
+
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+
+
+def sse_frame(payload: dict[str, Any]) -> bytes:
+    return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def error_response(request_id: str, error: Error) -> Whole:
+    body = orjson.dumps(envelope(error.error_type, error.message, request_id))
+    headers = {**error.headers, "content-type": "application/json", "x-request-id": request_id}
+    return Whole(error.status, headers, body)
+
+
+class Projection:
+    """Feed events, get actions. `started` turns true with the first byte of a stream."""
+
+    def __init__(self, request_id: str, stream: bool = False) -> None:
+        self.request_id = request_id
+        self.stream = stream
+        self.started = False
+        self.done = False
+        self.status: int | None = None
+        self._worker: str | None = None
+        self._head: Upstream | None = None
+        self._error_body: list[bytes] = []
+        self._message: dict[str, Any] | None = None
+
+    def feed(self, event: Event) -> list[Action]:
+        if self.done:
+            return []
+        if isinstance(event, Upstream):
+            return self._upstream(event)
+        if isinstance(event, Block):
+            return self._block(event.event)
+        if isinstance(event, Error):
+            return self._error(event)
+        return []
+
+    def finish(self) -> list[Action]:
+        """The events ran out: close what is open."""
+        if self.done:
+            return []
+        if self._head is not None and self._head.status and self._head.status >= 400:
+            return self._upstream_error()
+        if self.started:
+            self.done = True
+            return [End()]
+        return []
+
+    # relay backends
+
+    def _upstream(self, event: Upstream) -> list[Action]:
+        if event.part == "head":
+            self._head = event
+            self._worker = event.worker
+            status = event.status or 502
+            if status < 400 and self.stream:
+                self.started = True
+                self.status = status
+                return [Head(status, self._success_headers(event))]
+            return []
+        head = self._head
+        if head is None:
+            return []
+        data = event.payload()
+        if head.status is not None and head.status >= 400:
+            self._error_body.append(data)
+            return self._upstream_error() if event.part == "body" else []
+        if event.part == "chunk":
+            return [Send(data)] if self.started else []
+        self.done = True
+        self.status = head.status
+        return [Whole(head.status or 200, self._success_headers(head), data)]
+
+    def _success_headers(self, head: Upstream) -> dict[str, str]:
+        headers = dict(head.headers or {})
+        headers["x-request-id"] = self.request_id
+        if head.worker:
+            headers["x-smg-routed-worker-id"] = head.worker
+        return headers
+
+    def _upstream_error(self) -> list[Action]:
+        head = self._head
+        assert head is not None and head.status is not None
+        err = error_from_upstream(head.status, b"".join(self._error_body), head.headers)
+        return self._error(
+            Error(stage="upstream", status=err.status, error_type=err.type, message=err.message, headers=err.headers)
+        )
+
+    # engine backends
+
+    def _block(self, payload: dict[str, Any]) -> list[Action]:
+        kind = payload.get("type")
+        if self.stream:
+            actions: list[Action] = []
+            if not self.started:
+                self.started = True
+                self.status = 200
+                actions.append(Head(200, {**SSE_HEADERS, "x-request-id": self.request_id}))
+            actions.append(Send(sse_frame(payload)))
+            if kind == "message_stop":
+                self.done = True
+                actions.append(End())
+            return actions
+        self._message = _fold_block(self._message, payload)
+        if kind == "message_stop" and self._message is not None:
+            self.done = True
+            self.status = 200
+            body = orjson.dumps(self._message)
+            return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
+        return []
+
+    # failures
+
+    def _error(self, error: Error) -> list[Action]:
+        self.done = True
+        if self.started:
+            frame = sse_frame({"type": "error", "error": {"type": error.error_type, "message": error.message}})
+            return [Send(frame), End()]
+        self.status = error.status
+        return [error_response(self.request_id, error)]
+
+
+def _fold_block(message: dict[str, Any] | None, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Build the non-streaming message from stream events, as a client SDK would."""
+    kind = payload.get("type")
+    if kind == "message_start":
+        return dict(payload["message"], content=[])
+    if message is None:
+        return None
+    if kind == "content_block_start":
+        message["content"].append(dict(payload["content_block"]))
+    elif kind == "content_block_delta":
+        block = message["content"][payload["index"]]
+        delta = payload["delta"]
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            block["text"] = block.get("text", "") + delta["text"]
+        elif dtype == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+        elif dtype == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta["signature"]
+        elif dtype == "input_json_delta":
+            block["_partial_json"] = block.get("_partial_json", "") + delta["partial_json"]
+    elif kind == "content_block_stop":
+        block = message["content"][payload["index"]]
+        if "_partial_json" in block:
+            raw = block.pop("_partial_json")
+            block["input"] = orjson.loads(raw) if raw else {}
+    elif kind == "message_delta":
+        delta = payload.get("delta", {})
+        message["stop_reason"] = delta.get("stop_reason")
+        message["stop_sequence"] = delta.get("stop_sequence")
+        usage = dict(message.get("usage") or {})
+        usage.update(payload.get("usage") or {})
+        message["usage"] = usage
+    return message
+
+
+@dataclass
+class Reconstructed:
+    status: int | None
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    streamed: bool = False
+
+
+def reconstruct(events: Iterable[Event]) -> Reconstructed:
+    """Replay a journaled request's events through the projection: the response as sent."""
+    events = list(events)
+    request_id = next((e.request_id for e in events if isinstance(e, Received)), "")
+    stream = next((e.stream for e in events if isinstance(e, Validated)), False)
+    projection = Projection(request_id, stream)
+    out = Reconstructed(status=None)
+    actions: list[Action] = []
+    for event in events:
+        actions.extend(projection.feed(event))
+    actions.extend(projection.finish())
+    for action in actions:
+        if isinstance(action, Whole):
+            out.status, out.headers, out.body = action.status, action.headers, action.body
+        elif isinstance(action, Head):
+            out.status, out.headers, out.streamed = action.status, action.headers, True
+        elif isinstance(action, Send):
+            out.body += action.data
+    return out

@@ -1,0 +1,1 @@
+"""Workers, the models they serve, and which one takes the next request."""

@@ -1,0 +1,1 @@
+"""The Sanic application: routes, request ids, authentication, CORS, and the error envelope."""

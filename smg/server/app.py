@@ -1,0 +1,147 @@
+"""The Sanic application: routes, per-request context (id, headers, clock), CORS, and the
+lifecycle of the backend and the journal writer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sanic import Sanic
+from sanic.exceptions import SanicException
+from sanic.response import HTTPResponse
+from sanic.response import json as json_response
+
+from smg.backends.base import Backend
+from smg.config import GatewayConfig
+from smg.projection import Whole
+from smg.protocol.errors import ApiError, reason_phrase
+from smg.server import messages
+from smg.server.cors import CorsPolicy
+from smg.server.models import list_models, retrieve_model
+from smg.server.request_id import resolve_request_id
+from smg.server.state import Gateway
+
+log = logging.getLogger("smg.server")
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+def _ensure_context(request: Any) -> None:
+    ctx = request.ctx
+    if getattr(ctx, "request_id", None):
+        return
+    ctx.t0 = time.perf_counter()
+    ctx.headers = {}
+    for name, value in request.headers.items():
+        ctx.headers.setdefault(name.lower(), value)
+    gateway: Gateway = request.app.ctx.gateway
+    ctx.request_id = resolve_request_id(request.path, ctx.headers, gateway.config.request_id_headers)
+
+
+def _to_http(whole: Whole) -> HTTPResponse:
+    headers = dict(whole.headers)
+    content_type = headers.pop("content-type", "application/json")
+    return HTTPResponse(whole.body, status=whole.status, headers=headers, content_type=content_type)
+
+
+def _is_preflight(request: Any) -> bool:
+    return request.method == "OPTIONS" and "access-control-request-method" in request.ctx.headers
+
+
+def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str = "smg") -> Sanic:
+    app = Sanic(name)
+    app.config.REQUEST_MAX_SIZE = config.max_payload_size
+    app.config.RESPONSE_TIMEOUT = config.request_timeout_secs + 60
+    app.config.REQUEST_TIMEOUT = 60
+    app.config.KEEP_ALIVE_TIMEOUT = 75
+    app.config.FALLBACK_ERROR_FORMAT = "json"
+    app.config.NOISY_EXCEPTIONS = False
+    app.ctx.gateway = Gateway(config=config, backend=backend, journal=journal, cors=CorsPolicy(config.cors_allowed_origins))
+
+    @app.before_server_start
+    async def _start(app: Sanic, _: Any) -> None:
+        await journal.start()
+        await backend.start()
+
+    @app.after_server_stop
+    async def _stop(app: Sanic, _: Any) -> None:
+        await backend.close()
+        await journal.close()
+
+    @app.on_request
+    async def _context(request: Any) -> HTTPResponse | None:
+        _ensure_context(request)
+        if _is_preflight(request):
+            return HTTPResponse(status=204)
+        return None
+
+    @app.on_response
+    async def _decorate(request: Any, response: HTTPResponse) -> None:
+        _ensure_context(request)
+        response.headers.setdefault("x-request-id", request.ctx.request_id)
+        gateway: Gateway = request.app.ctx.gateway
+        for key, value in gateway.cors.response_headers(request.ctx.headers, _is_preflight(request)).items():
+            response.headers[key] = value
+
+    async def _endpoint(request: Any, endpoint: messages.Endpoint) -> HTTPResponse | None:
+        if request.method != "POST":
+            allowed = ApiError(
+                405,
+                f"Method {request.method} is not allowed on {request.path}; use POST",
+                code="method_not_allowed",
+                headers={"Allow": "POST, OPTIONS"},
+            )
+            return _to_http(await messages.refuse(request, allowed))
+        await messages.serve(request, endpoint)
+        return None
+
+    @app.route("/v1/messages", methods=ALL_METHODS, name="messages")
+    async def _messages(request: Any) -> HTTPResponse | None:
+        return await _endpoint(request, "messages")
+
+    @app.route("/v1/messages/count_tokens", methods=ALL_METHODS, name="count_tokens")
+    async def _count_tokens(request: Any) -> HTTPResponse | None:
+        return await _endpoint(request, "count_tokens")
+
+    @app.route("/v1/messages/<rest:path>", methods=ALL_METHODS, name="messages_unknown")
+    async def _messages_unknown(request: Any, rest: str) -> HTTPResponse:
+        missing = ApiError(404, f"Not Found: {request.method} {request.path}", code="route_not_found")
+        return _to_http(await messages.refuse(request, missing))
+
+    @app.get("/v1/models", name="models")
+    async def _models(request: Any) -> HTTPResponse:
+        return list_models(request.app.ctx.gateway, request.ctx.headers)
+
+    @app.get("/v1/models/<model_id:path>", name="model")
+    async def _model(request: Any, model_id: str) -> HTTPResponse:
+        return retrieve_model(request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id)
+
+    @app.get("/health", name="health")
+    async def _health(request: Any) -> HTTPResponse:
+        return json_response({"status": "ok"})
+
+    @app.get("/liveness", name="liveness")
+    async def _liveness(request: Any) -> HTTPResponse:
+        return json_response({"status": "ok"})
+
+    @app.get("/readiness", name="readiness")
+    async def _readiness(request: Any) -> HTTPResponse:
+        ready = bool(request.app.ctx.gateway.backend.models())
+        return json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
+
+    @app.exception(SanicException)
+    async def _sanic_error(request: Any, exc: SanicException) -> HTTPResponse:
+        _ensure_context(request)
+        status = int(getattr(exc, "status_code", 500) or 500)
+        if request.path.startswith("/v1/messages") or "anthropic-version" in request.ctx.headers:
+            code = "request_body_too_large" if status == 413 else None
+            message = str(exc) or reason_phrase(status)
+            err = ApiError(status, message, code=code, minted=code is not None)
+            return _to_http(await messages.refuse(request, err))
+        return json_response(
+            {"error": {"type": reason_phrase(status), "message": str(exc) or reason_phrase(status)}},
+            status=status,
+        )
+
+    return app

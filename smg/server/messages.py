@@ -1,0 +1,190 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: one request, one event stream.
+
+The handler emits `received`, admits the request (auth, content type, JSON, validation →
+`validated` or `rejected`), hands the call to the backend and feeds every event the backend
+yields to the journal and to the projection that writes the response. Whatever happens, the
+sequence ends with `completed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from journal.events import Completed, Error, Received, Rejected, Validated
+from journal.redact import redact_body, redact_headers
+from smg.backends.base import Call, Endpoint
+from smg.flow import Flow
+from smg.projection import Projection, Whole, error_response
+from smg.protocol import codec
+from smg.protocol.errors import ApiError, invalid_request
+from smg.protocol.parse import parse_count_tokens, parse_create_message
+from smg.server.auth import check_bearer, tenant_of
+from smg.server.responder import Responder
+from smg.server.state import Gateway
+
+log = logging.getLogger("smg.messages")
+
+
+def _check_content_type(headers: dict[str, str]) -> None:
+    value = headers.get("content-type")
+    if not value:
+        raise invalid_request("Missing Content-Type: application/json header", code="json_parse_error")
+    media = value.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise invalid_request(
+            f"Expected request with `Content-Type: application/json`, got `{value}`", code="json_parse_error"
+        )
+
+
+def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: bytes, request_id: str) -> Call:
+    """Everything a request must pass before a backend sees it. Raises `ApiError`."""
+    check_bearer(gateway.config.api_key, headers)
+    _check_content_type(headers)
+    try:
+        data = codec.loads(body)
+    except codec.BodyDecodeError as exc:
+        raise invalid_request(f"JSON syntax error: {exc}", code="json_parse_error") from None
+    if endpoint == "messages":
+        request: Any = parse_create_message(data, anthropic_beta=headers.get("anthropic-beta"))
+        stream = bool(request.stream)
+    else:
+        request = parse_count_tokens(data)
+        stream = False
+    model = gateway.config.canonical_model(request.model)
+    return Call(
+        request_id=request_id,
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        body=data,
+        request=request,
+        headers=headers,
+        alias_used=model != request.model,
+    )
+
+
+def _summary(call: Call) -> dict[str, Any]:
+    req = call.request
+    out: dict[str, Any] = {"messages": len(req.messages)}
+    for name in ("max_tokens", "tools", "tool_choice", "thinking"):
+        value = getattr(req, name, None)
+        if value is None:
+            continue
+        out[name] = len(value) if name == "tools" else value if isinstance(value, int) else getattr(value, "type", None)
+    if call.alias_used:
+        out["alias"] = req.model
+    return out
+
+
+async def serve(request: Any, endpoint: Endpoint) -> None:
+    gateway: Gateway = request.app.ctx.gateway
+    rid: str = request.ctx.request_id
+    headers: dict[str, str] = request.ctx.headers
+    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    responder = Responder(request)
+    projection = Projection(rid)
+    body: bytes = request.body or b""
+    await flow.emit(
+        Received(
+            request_id=rid,
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            headers=redact_headers(headers),
+            body=redact_body(body.decode("utf-8", errors="replace")) if body else None,
+            client=request.ip or None,
+            tenant=tenant_of(gateway.config.api_key, headers, request.ip),
+            ts=time.time(),
+        )
+    )
+    disconnected = False
+    stage = "admission"
+    try:
+        try:
+            call = admit(gateway, endpoint, headers, body, rid)
+            await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
+            projection.stream = call.stream
+            stage = "backend"
+            async for event in gateway.backend.handle(call):
+                await flow.emit(event)
+                await responder.run(projection.feed(event))
+            await responder.run(projection.finish())
+            if not responder.responded:
+                raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")
+        except ApiError as err:
+            await _fail(flow, projection, responder, err, stage)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("request %s failed", rid)
+            err = ApiError(500, "Internal gateway error; the request id identifies it in the journal", code="internal_error")
+            await _fail(flow, projection, responder, err, stage)
+    except asyncio.CancelledError:
+        disconnected = True
+        raise
+    finally:
+        await flow.emit(
+            Completed(
+                status=responder.status or 499,
+                duration_ms=round(flow.elapsed() * 1000, 3),
+                bytes_sent=responder.bytes_sent,
+                disconnected=disconnected,
+            )
+        )
+
+
+async def _fail(flow: Flow, projection: Projection, responder: Responder, err: ApiError, stage: str) -> None:
+    if stage == "admission":
+        await flow.emit(Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code))
+    event = await flow.emit(
+        Error(
+            stage=stage,
+            status=err.status,
+            error_type=err.type,
+            message=err.message,
+            code=err.code,
+            headers=err.response_headers(),
+        )
+    )
+    assert isinstance(event, Error)
+    await responder.run(projection.feed(event))
+
+
+async def refuse(request: Any, err: ApiError) -> Whole:
+    """A Messages-path request refused before it reached a handler of its own (unknown route,
+    wrong method, body too large): journaled like any other refusal; the caller sends the
+    returned response."""
+    gateway: Gateway = request.app.ctx.gateway
+    rid: str = request.ctx.request_id
+    headers: dict[str, str] = request.ctx.headers
+    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    await flow.emit(
+        Received(
+            request_id=rid,
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            headers=redact_headers(headers),
+            client=request.ip or None,
+            tenant=tenant_of(gateway.config.api_key, headers, request.ip),
+            ts=time.time(),
+        )
+    )
+    await flow.emit(Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code))
+    error = Error(
+        stage="admission",
+        status=err.status,
+        error_type=err.type,
+        message=err.message,
+        code=err.code,
+        headers=err.response_headers(),
+    )
+    await flow.emit(error)
+    whole = error_response(rid, error)
+    await flow.emit(
+        Completed(status=whole.status, duration_ms=round(flow.elapsed() * 1000, 3), bytes_sent=len(whole.body))
+    )
+    return whole
