@@ -1,0 +1,134 @@
+"""The journal's read side: synchronous, read-only, safe next to a live writer.
+
+The file is opened with `mode=ro`, so a reader can never write or migrate it; under WAL a
+reader sees the last committed state and never blocks the gateway's writer. Used by
+`smg journal …`, the inspector and replay.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from journal import schema
+from journal.events import Event, event_from_dict, event_kinds
+
+_BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking")
+_SELECT = f"SELECT {', '.join(schema.REQUEST_COLUMNS)} FROM requests"
+
+
+class JournalError(Exception):
+    """The journal cannot be read as asked."""
+
+
+class JournalNotFound(JournalError, FileNotFoundError):
+    """No journal at that path (or only an empty file the writer has not migrated yet)."""
+
+
+class AmbiguousRequestId(JournalError, LookupError):
+    """An id prefix matches more than one request."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        super().__init__(f"{prefix!r} matches several requests: {', '.join(matches)}")
+        self.prefix = prefix
+        self.matches = matches
+
+
+class JournalReader:
+    """Read-only access to one journal file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise JournalNotFound(f"no journal at {self.path}")
+        uri = self.path.resolve().as_uri() + "?mode=ro"
+        try:
+            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            version = schema.schema_version(self._conn)
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"{self.path} is not a readable journal: {exc}") from exc
+        if version < 1:
+            tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            self._conn.close()
+            if tables == 0:  # created a moment ago, the writer has not migrated it yet
+                raise JournalNotFound(f"the journal at {self.path} is not initialised yet")
+            raise JournalError(f"{self.path} is not an smg journal (schema version {version})")
+        self._known = frozenset(event_kinds())
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> JournalReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def count(self) -> int:
+        """How many requests the journal holds."""
+        return int(self._conn.execute("SELECT count(*) FROM requests").fetchone()[0])
+
+    def list_requests(
+        self, limit: int = 50, offset: int = 0, newest_first: bool = True
+    ) -> list[dict[str, Any]]:
+        """Summary rows (see `journal.schema.REQUEST_COLUMNS`), by arrival time."""
+        order = "DESC" if newest_first else "ASC"
+        rows = self._conn.execute(
+            f"{_SELECT} ORDER BY ts {order}, rowid {order} LIMIT ? OFFSET ?",
+            (limit, offset),
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def get_request(self, id_or_prefix: str) -> dict[str, Any] | None:
+        """The summary row of a request by its id or a unique prefix of it.
+
+        Returns None when nothing matches; raises `AmbiguousRequestId` when a prefix
+        matches several requests.
+        """
+        row = self._conn.execute(f"{_SELECT} WHERE id = ?", (id_or_prefix,)).fetchone()
+        if row is not None:
+            return _row(row)
+        if not id_or_prefix:
+            return None
+        # A range scan on the primary key: every id that starts with the prefix sorts in
+        # [prefix, prefix + U+10FFFF).
+        rows = self._conn.execute(
+            f"{_SELECT} WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
+            (id_or_prefix, id_or_prefix + "\U0010ffff"),
+        ).fetchall()
+        if len(rows) > 1:
+            raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows])
+        return _row(rows[0]) if rows else None
+
+    def raw_events(self, request_id: str) -> list[tuple[int, str, float, dict[str, Any]]]:
+        """`(seq, kind, t, payload)` of a request's events as stored, ordered by seq."""
+        rows = self._conn.execute(
+            "SELECT seq, kind, t, data FROM events WHERE request_id = ? ORDER BY seq",
+            (request_id,),
+        ).fetchall()
+        return [(seq, kind, t, orjson.loads(data)) for seq, kind, t, data in rows]
+
+    def events(self, request_id: str) -> list[tuple[int, Event]]:
+        """`(seq, event)` of a request, ordered by seq.
+
+        Kinds this version does not know (written by a newer smg) are skipped; use
+        `raw_events` to see everything.
+        """
+        return [
+            (seq, event_from_dict(kind, data, t))
+            for seq, kind, t, data in self.raw_events(request_id)
+            if kind in self._known
+        ]
+
+
+def _row(row: tuple[Any, ...]) -> dict[str, Any]:
+    out = dict(zip(schema.REQUEST_COLUMNS, row, strict=True))
+    for col in _BOOL_COLUMNS:
+        if out[col] is not None:
+            out[col] = bool(out[col])
+    return out

@@ -1,0 +1,162 @@
+"""The journal's SQLite schema and its migrations.
+
+The schema version lives in `PRAGMA user_version`. `MIGRATIONS[i]` takes a database from
+version `i` to `i + 1`; each is a plain function of a `sqlite3.Connection` that runs inside
+the transaction `migrate` opens, so a migration and its version bump commit together or not
+at all. Version 1 creates everything. Add a migration by appending a function; never edit
+one that has shipped.
+
+Two tables: `events` (the ground truth, one row per event, payload as JSON) and `requests`
+(one summary row per request, folded from its events by `journal.summary`, kept for listing
+and filtering without reading the events).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+
+DEFAULT_PATH = "smg-journal.db"
+"""Where `smg launch` writes and `smg journal …` reads when nothing else is said."""
+ENV_VAR = "SMG_JOURNAL"
+"""Environment variable that overrides `DEFAULT_PATH`."""
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE events (
+            request_id TEXT NOT NULL,
+            seq        INTEGER NOT NULL,
+            kind       TEXT NOT NULL,
+            t          REAL NOT NULL,
+            data       TEXT NOT NULL,  -- JSON payload, without t
+            PRIMARY KEY (request_id, seq)
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE requests (
+            id            TEXT PRIMARY KEY,
+            ts            REAL,     -- wall clock at arrival (epoch seconds)
+            method        TEXT,
+            path          TEXT,
+            tenant        TEXT,
+            model         TEXT,
+            backend       TEXT,
+            worker        TEXT,
+            stream        INTEGER,
+            status        INTEGER,
+            error_code    TEXT,
+            error_type    TEXT,
+            stop_reason   TEXT,
+            input_tokens  INTEGER,
+            output_tokens INTEGER,
+            ttfe_ms       REAL,     -- time to the first upstream/block event
+            duration_ms   REAL,
+            bytes_sent    INTEGER,
+            replay_of     TEXT,
+            completed     INTEGER NOT NULL DEFAULT 0,
+            has_tool_use  INTEGER NOT NULL DEFAULT 0,
+            has_thinking  INTEGER NOT NULL DEFAULT 0
+        )
+        """
+    )
+    for column in ("ts", "model", "status", "error_code"):
+        conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
+
+
+MIGRATIONS: list[Migration] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "id",
+    "ts",
+    "method",
+    "path",
+    "tenant",
+    "model",
+    "backend",
+    "worker",
+    "stream",
+    "status",
+    "error_code",
+    "error_type",
+    "stop_reason",
+    "input_tokens",
+    "output_tokens",
+    "ttfe_ms",
+    "duration_ms",
+    "bytes_sent",
+    "replay_of",
+    "completed",
+    "has_tool_use",
+    "has_thinking",
+)
+"""The columns of `requests`, in table order."""
+
+FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking")
+"""0/1 columns that only ever go from 0 to 1."""
+
+
+class SchemaTooNew(RuntimeError):
+    """The file was written by a newer smg than this one."""
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def apply_pragmas(conn: sqlite3.Connection) -> None:
+    """WAL (readers never block the writer) and `synchronous=NORMAL` (a commit is not
+    fsynced, but a committed transaction survives a process crash; see journal.writer)."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+
+
+def migrate(conn: sqlite3.Connection, migrations: list[Migration] | None = None) -> int:
+    """Bring the database up to date; returns the resulting version.
+
+    Safe to call on every open and from several processes at once: the version is re-read
+    under a write lock before each step. `conn` must be in autocommit mode
+    (`isolation_level=None`), as `connect` makes it.
+    """
+    steps = MIGRATIONS if migrations is None else migrations
+    while True:
+        if schema_version(conn) >= len(steps):
+            break
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = schema_version(conn)
+            if version < len(steps):
+                steps[version](conn)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    version = schema_version(conn)
+    if version > len(steps):
+        raise SchemaTooNew(f"journal schema version {version} is newer than {len(steps)}")
+    return version
+
+
+def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Open (creating if needed) a journal for writing: pragmas set, schema migrated.
+
+    The connection is in autocommit mode; group transactions with explicit BEGIN/COMMIT.
+    """
+    conn = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False)
+    try:
+        apply_pragmas(conn)
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

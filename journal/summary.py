@@ -1,0 +1,215 @@
+"""A request's summary row, folded from its events; and a one-line description per event.
+
+`apply` is pure bookkeeping on a dict whose keys are `requests` columns
+(`journal.schema.REQUEST_COLUMNS`): the writer keeps one dict per in-flight request, folds
+each event in as it is written, and upserts the row in the same transaction as the events.
+A key that is absent means "not known yet" (NULL); the writer's upsert never overwrites a
+known value with NULL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from journal.events import (
+    Block,
+    Completed,
+    Error,
+    Event,
+    Received,
+    Rejected,
+    Rendered,
+    Routed,
+    Tokens,
+    Upstream,
+    Validated,
+)
+
+REPLAY_HEADER = "x-smg-replay-of"
+_TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
+    """Fold one event into `summary` (mutated in place)."""
+    summary["id"] = request_id
+    if isinstance(event, Block):
+        _apply_block(summary, event)
+    elif isinstance(event, Upstream):
+        _first_event(summary, event)
+    elif isinstance(event, Received):
+        summary["ts"] = event.ts
+        summary["method"] = event.method
+        summary["path"] = event.path
+        summary["tenant"] = event.tenant
+        replay_of = _header(event.headers, REPLAY_HEADER)
+        if replay_of:
+            summary["replay_of"] = replay_of
+    elif isinstance(event, Validated):
+        summary["model"] = event.model
+        summary["stream"] = int(bool(event.stream))
+    elif isinstance(event, Routed):
+        summary["backend"] = event.backend
+        summary["worker"] = event.worker
+        summary["model"] = event.model
+    elif isinstance(event, Rejected | Error):
+        summary["status"] = event.status
+        summary["error_code"] = event.code
+        summary["error_type"] = event.error_type
+    elif isinstance(event, Completed):
+        summary["status"] = event.status
+        summary["duration_ms"] = event.duration_ms
+        summary["bytes_sent"] = event.bytes_sent
+        if event.stop_reason is not None:
+            summary["stop_reason"] = event.stop_reason
+        _apply_usage(summary, event.usage)
+        summary["completed"] = 1
+
+
+def _apply_block(summary: dict[str, Any], event: Block) -> None:
+    _first_event(summary, event)
+    payload = event.event
+    kind = payload.get("type")
+    if kind == "content_block_start":
+        block = payload.get("content_block") or {}
+        block_type = block.get("type")
+        if block_type in _TOOL_BLOCKS:
+            summary["has_tool_use"] = 1
+        elif block_type in _THINKING_BLOCKS:
+            summary["has_thinking"] = 1
+    elif kind == "message_delta":
+        stop = (payload.get("delta") or {}).get("stop_reason")
+        if stop is not None:
+            summary["stop_reason"] = stop
+        _apply_usage(summary, payload.get("usage"))
+    elif kind == "message_start":
+        # The prompt size is known here; message_delta may repeat or omit it.
+        usage = (payload.get("message") or {}).get("usage") or {}
+        if usage.get("input_tokens") is not None:
+            summary["input_tokens"] = usage["input_tokens"]
+
+
+def _first_event(summary: dict[str, Any], event: Event) -> None:
+    if summary.get("ttfe_ms") is None:
+        summary["ttfe_ms"] = event.t * 1000.0
+
+
+def _apply_usage(summary: dict[str, Any], usage: dict[str, Any] | None) -> None:
+    if not usage:
+        return
+    for key in ("input_tokens", "output_tokens"):
+        if usage.get(key) is not None:
+            summary[key] = usage[key]
+
+
+def _header(headers: dict[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# One line per event, for timelines (`smg journal show`, the inspector).
+
+_PREVIEW = 60
+
+
+def describe(event: Event) -> str:
+    """A short human description of one event (its kind excluded)."""
+    if isinstance(event, Block):
+        return _describe_block(event.event)
+    if isinstance(event, Tokens):
+        parts = [f"+{len(event.ids)} ids {_clip(str(event.ids), 40)}"]
+        if event.completion_tokens is not None:
+            parts.append(f"completion={event.completion_tokens}")
+        if event.finish_reason:
+            parts.append(f"finish={event.finish_reason}")
+        if event.matched_stop is not None:
+            parts.append(f"matched_stop={event.matched_stop!r}")
+        return " ".join(parts)
+    if isinstance(event, Upstream):
+        if event.part == "head":
+            return f"head {event.status} {len(event.headers or {})} headers"
+        size = len(event.data or "")
+        enc = "" if event.encoding == "utf-8" else f" ({event.encoding})"
+        return f"{event.part} {size}B{enc} {_clip(repr(event.data or ''))}"
+    if isinstance(event, Received):
+        size = len(event.body.encode()) if event.body else 0
+        tail = "".join(
+            f" {k}={v}" for k, v in (("tenant", event.tenant), ("client", event.client)) if v
+        )
+        query = f"?{event.query}" if event.query else ""
+        return f"{event.method} {event.path}{query} body={size}B{tail}"
+    if isinstance(event, Validated):
+        return f"model={event.model} stream={str(event.stream).lower()}"
+    if isinstance(event, Routed):
+        extra = f" policy={event.policy}" if event.policy else ""
+        again = f" attempt={event.attempt}" if event.attempt != 1 else ""
+        return f"backend={event.backend} worker={event.worker} model={event.model}{extra}{again}"
+    if isinstance(event, Rendered):
+        return (
+            f"prompt_tokens={event.prompt_tokens} digest={event.prompt_digest[:12]}"
+            f" stop_ids={event.stop_ids}" + (" constrained" if event.constraint else "")
+        )
+    if isinstance(event, Rejected):
+        return f"{event.status} {event.error_type}{_code(event.code)}: {_clip(event.message)}"
+    if isinstance(event, Error):
+        return (
+            f"[{event.stage}] {event.status} {event.error_type}{_code(event.code)}:"
+            f" {_clip(event.message)}"
+        )
+    if isinstance(event, Completed):
+        parts = [f"{event.status} in {event.duration_ms:.1f}ms"]
+        if event.stop_reason:
+            parts.append(f"stop={event.stop_reason}")
+        if event.usage:
+            parts.append(
+                f"tokens={event.usage.get('input_tokens')}/{event.usage.get('output_tokens')}"
+            )
+        parts.append(f"sent={event.bytes_sent}B")
+        if event.disconnected:
+            parts.append("DISCONNECTED")
+        return " ".join(parts)
+    return _clip(repr(event.to_dict()))
+
+
+def _describe_block(payload: dict[str, Any]) -> str:
+    kind = str(payload.get("type"))
+    if kind == "message_start":
+        message = payload.get("message") or {}
+        usage = message.get("usage") or {}
+        return f"{kind} {message.get('id', '')} input_tokens={usage.get('input_tokens')}"
+    if kind == "content_block_start":
+        block = payload.get("content_block") or {}
+        name = f" {block['name']}" if block.get("name") else ""
+        return f"{kind} #{payload.get('index')} {block.get('type')}{name}"
+    if kind == "content_block_delta":
+        delta = payload.get("delta") or {}
+        dtype = delta.get("type", "")
+        text = next(
+            (delta[k] for k in ("text", "thinking", "partial_json", "signature") if k in delta),
+            "",
+        )
+        parts = [f"{kind} #{payload.get('index')}", dtype, _clip(repr(text))]
+        return " ".join(p for p in parts if p)
+    if kind == "content_block_stop":
+        return f"{kind} #{payload.get('index')}"
+    if kind == "message_delta":
+        delta = payload.get("delta") or {}
+        usage = payload.get("usage") or {}
+        return (
+            f"{kind} stop={delta.get('stop_reason')} output_tokens={usage.get('output_tokens')}"
+        )
+    if kind == "error":
+        error = payload.get("error") or {}
+        return f"{kind} {error.get('type')}: {_clip(str(error.get('message', '')))}"
+    return kind
+
+
+def _code(code: str | None) -> str:
+    return f" ({code})" if code else ""
+
+
+def _clip(text: str, limit: int = _PREVIEW) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,1 @@
+"""Tests of the journal: storage, summaries, redaction and `smg journal`."""

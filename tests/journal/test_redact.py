@@ -1,0 +1,142 @@
+"""Secrets are hashed, never stored: headers, MCP tokens, and the whole file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from journal.events import Completed, Received, Upstream, Validated
+from journal.reader import JournalReader
+from journal.redact import redact_body, redact_headers, redact_value
+from journal.writer import JournalWriter
+
+
+def marker(secret: str) -> str:
+    return f"[redacted sha256:{hashlib.sha256(secret.encode()).hexdigest()[:12]}]"
+
+
+def test_redact_headers_case_insensitive() -> None:
+    headers = {
+        "Authorization": "Bearer a",
+        "X-API-Key": "k",
+        "proxy-authorization": "Basic p",
+        "Cookie": "c=1",
+        "set-cookie": "s=2",
+        "content-type": "application/json",
+        "anthropic-version": "2023-06-01",
+    }
+    out = redact_headers(headers)
+    assert out == {
+        "Authorization": marker("Bearer a"),
+        "X-API-Key": marker("k"),
+        "proxy-authorization": marker("Basic p"),
+        "Cookie": marker("c=1"),
+        "set-cookie": marker("s=2"),
+        "content-type": "application/json",
+        "anthropic-version": "2023-06-01",
+    }
+    assert headers["Authorization"] == "Bearer a"  # a copy, the input is untouched
+    assert redact_headers(out) == out  # idempotent
+    assert redact_value(marker("k")) == marker("k")
+
+
+def test_same_key_same_marker_different_keys_differ() -> None:
+    assert redact_value("sk-1") == redact_value("sk-1") != redact_value("sk-2")
+
+
+def test_redact_body_replaces_mcp_tokens_in_place() -> None:
+    body = (
+        '{"model": "m", "mcp_servers": [\n'
+        '  {"type": "url", "url": "http://x", "name": "a", "authorization_token": "tok-1"},\n'
+        '  {"type": "url", "url": "http://y", "name": "b"}],\n'
+        ' "messages": []}'
+    )
+    out = redact_body(body)
+    assert "tok-1" not in out
+    assert out == body.replace('"tok-1"', f'"{marker("tok-1")}"')  # the rest byte-for-byte
+    assert redact_body(out) == out
+
+
+def test_redact_body_escaped_token_falls_back_to_reserializing() -> None:
+    body = '{"mcp_servers":[{"name":"a","authorization_token":"a\\/b\\u0063"}]}'
+    out = redact_body(body)
+    assert "a/bc" not in out and "a\\/b" not in out
+    assert json.loads(out)["mcp_servers"][0]["authorization_token"] == marker("a/bc")
+
+
+def test_redact_body_leaves_other_text_alone() -> None:
+    plain = '{"model":"m","messages":[]}'
+    assert redact_body(plain) is plain
+    assert redact_body("authorization_token but not json") == "authorization_token but not json"
+    weird = '{"authorization_token": "top-level is not an MCP server"}'
+    assert redact_body(weird) == weird
+    assert redact_body('["authorization_token"]') == '["authorization_token"]'
+
+
+async def test_no_secret_reaches_the_database_file(tmp_path: Path) -> None:
+    secrets = ["sk-ant-SECRET-one", "sk-ant-SECRET-two", "mcp-SECRET-three", "cookie-SECRET-4"]
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "mcp_servers": [
+                {"type": "url", "url": "http://mcp", "name": "s", "authorization_token": secrets[2]}
+            ],
+        }
+    )
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    # The caller forgot to redact: the writer does it anyway.
+    await writer.append(
+        "req_1",
+        0,
+        Received(
+            method="POST",
+            path="/v1/messages",
+            headers={
+                "Authorization": f"Bearer {secrets[0]}",
+                "x-api-key": secrets[1],
+                "Cookie": secrets[3],
+            },
+            body=body,
+            ts=1.0,
+        ),
+    )
+    await writer.append(
+        "req_1",
+        1,
+        Validated(
+            model="m",
+            summary={"mcp_servers": [{"name": "s", "authorization_token": secrets[2]}]},
+        ),
+    )
+    await writer.append(
+        "req_1", 2, Upstream(part="head", status=200, headers={"Set-Cookie": secrets[3]})
+    )
+    await writer.append("req_1", 3, Completed(status=200, duration_ms=1.0))
+    await writer.flush()
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("j.db")]
+    await writer.close()
+    files += [p for p in tmp_path.iterdir() if p.name.startswith("j.db")]
+
+    for file in files:
+        if file.exists():
+            data = file.read_bytes()
+            for secret in secrets:
+                assert secret.encode() not in data, (file.name, secret)
+
+    with JournalReader(path) as reader:
+        (_, received), (_, validated), (_, upstream), _ = reader.events("req_1")
+    assert isinstance(received, Received)
+    assert received.headers["Authorization"] == marker(f"Bearer {secrets[0]}")
+    assert received.headers["x-api-key"] == marker(secrets[1])
+    assert received.body is not None
+    assert json.loads(received.body)["mcp_servers"][0]["authorization_token"] == marker(
+        secrets[2]
+    )
+    assert isinstance(validated, Validated)
+    assert validated.summary["mcp_servers"][0]["authorization_token"] == marker(secrets[2])
+    assert isinstance(upstream, Upstream)
+    assert upstream.headers == {"Set-Cookie": marker(secrets[3])}

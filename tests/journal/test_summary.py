@@ -1,0 +1,168 @@
+"""Folding events into a summary row, and one-line descriptions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from journal.events import (
+    Block,
+    Completed,
+    Error,
+    Event,
+    Received,
+    Rejected,
+    Rendered,
+    Routed,
+    Tokens,
+    Upstream,
+    Validated,
+    event_kinds,
+)
+from journal.summary import apply, describe
+
+
+def fold(events: list[Event]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for event in events:
+        apply(row, "req_1", event)
+    return row
+
+
+def test_received_and_replay_header() -> None:
+    row = fold(
+        [
+            Received(
+                method="POST",
+                path="/v1/messages",
+                headers={"X-SMG-Replay-Of": "req_0"},
+                tenant="t",
+                ts=5.0,
+            )
+        ]
+    )
+    assert row == {
+        "id": "req_1",
+        "ts": 5.0,
+        "method": "POST",
+        "path": "/v1/messages",
+        "tenant": "t",
+        "replay_of": "req_0",
+    }
+
+
+def test_validated_then_routed_model_wins() -> None:
+    row = fold(
+        [
+            Validated(model="alias", stream=False),
+            Routed(backend="http", worker="http://w", model="real"),
+        ]
+    )
+    assert (row["model"], row["stream"], row["backend"], row["worker"]) == (
+        "real",
+        0,
+        "http",
+        "http://w",
+    )
+
+
+def test_ttfe_is_the_first_upstream_or_block() -> None:
+    row = fold(
+        [
+            Tokens(ids=[1], t=0.005),  # not an upstream/block event
+            Upstream(part="head", status=200, t=0.010),
+            Upstream(part="chunk", data="x", t=0.020),
+            Block(event={"type": "message_start", "message": {}}, t=0.030),
+        ]
+    )
+    assert row["ttfe_ms"] == 10.0
+
+
+def test_error_after_routing() -> None:
+    row = fold(
+        [
+            Routed(backend="grpc", worker="w", model="m"),
+            Error(
+                stage="backend",
+                status=502,
+                error_type="api_error",
+                message="down",
+                code="worker_unavailable",
+            ),
+            Completed(status=502, duration_ms=3.0, bytes_sent=99),
+        ]
+    )
+    assert (row["status"], row["error_code"], row["error_type"], row["completed"]) == (
+        502,
+        "worker_unavailable",
+        "api_error",
+        1,
+    )
+
+
+def test_rejected() -> None:
+    row = fold([Rejected(status=413, error_type="request_too_large", message="big")])
+    assert (row["status"], row["error_code"], row["error_type"]) == (
+        413,
+        None,
+        "request_too_large",
+    )
+
+
+def test_usage_from_blocks_and_completed() -> None:
+    row = fold(
+        [
+            Block(event={"type": "message_start", "message": {"usage": {"input_tokens": 7}}}),
+            Block(
+                event={
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": 3},
+                }
+            ),
+        ]
+    )
+    assert (row["input_tokens"], row["output_tokens"], row["stop_reason"]) == (7, 3, "end_turn")
+    apply(
+        row,
+        "req_1",
+        Completed(
+            status=200,
+            duration_ms=9.0,
+            usage={"input_tokens": 8, "output_tokens": 4},
+            stop_reason="max_tokens",
+        ),
+    )
+    assert (row["input_tokens"], row["output_tokens"], row["stop_reason"]) == (8, 4, "max_tokens")
+    assert (row["duration_ms"], row["completed"]) == (9.0, 1)
+
+
+def test_block_types_flags() -> None:
+    def start(kind: str) -> Block:
+        return Block(event={"type": "content_block_start", "content_block": {"type": kind}})
+
+    assert "has_tool_use" not in fold([start("text")])
+    assert fold([start("tool_use")])["has_tool_use"] == 1
+    assert fold([start("server_tool_use")])["has_tool_use"] == 1
+    assert fold([start("thinking")])["has_thinking"] == 1
+    assert fold([start("redacted_thinking")])["has_thinking"] == 1
+
+
+def test_describe_every_kind() -> None:
+    samples: list[Event] = [
+        Received(method="POST", path="/v1/messages", body="{}", tenant="t"),
+        Validated(model="m", stream=True),
+        Rejected(status=400, error_type="invalid_request_error", message="no", code="c"),
+        Routed(backend="grpc", worker="w", model="m", policy="round_robin", attempt=2),
+        Rendered(prompt_tokens=5, prompt_digest="abcdef0123456789", stop_ids=[2]),
+        Tokens(ids=[1, 2], completion_tokens=2, finish_reason="stop"),
+        Upstream(part="chunk", data="x" * 500),
+        Block(event={"type": "content_block_delta", "index": 0, "delta": {"text": "hi\n"}}),
+        Error(stage="backend", status=500, error_type="api_error", message="boom"),
+        Completed(status=200, duration_ms=1.25, usage={"input_tokens": 1, "output_tokens": 2}),
+    ]
+    assert sorted({e.kind for e in samples}) == event_kinds()
+    for event in samples:
+        line = describe(event)
+        assert line and "\n" not in line and len(line) < 200, (event.kind, line)
+    assert describe(samples[7]) == "content_block_delta #0 'hi\\n'"
+    assert "attempt=2" in describe(samples[3])

@@ -1,0 +1,345 @@
+"""JournalWriter on a real SQLite file: round trip, group commit, flush, close, failures."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from journal.events import (
+    Block,
+    Completed,
+    Event,
+    Received,
+    Rejected,
+    Routed,
+    Tokens,
+    Upstream,
+    Validated,
+)
+from journal.reader import JournalReader
+from journal.writer import JournalWriter, NullJournal
+
+
+def streaming_request(ts: float = 1_700_000_000.25) -> list[Event]:
+    return [
+        Received(
+            method="POST",
+            path="/v1/messages",
+            headers={"content-type": "application/json"},
+            body='{"model":"claude-x","max_tokens":64,"stream":true,"messages":[]}',
+            client="127.0.0.1",
+            tenant="team-a",
+            ts=ts,
+        ),
+        Validated(model="claude-x", stream=True, summary={"max_tokens": 64}, t=0.0004),
+        Routed(backend="grpc", worker="grpc://127.0.0.1:5000", model="qwen", t=0.001),
+        Tokens(ids=[1, 2, 3], prompt_tokens=12, completion_tokens=3, t=0.020),
+        Block(
+            event={
+                "type": "message_start",
+                "message": {"id": "msg_1", "usage": {"input_tokens": 12, "output_tokens": 1}},
+            },
+            t=0.0205,
+        ),
+        Block(
+            event={
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "thinking", "thinking": ""},
+            },
+            t=0.021,
+        ),
+        Block(
+            event={
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "ünïcödé ✓"},
+            },
+            t=0.022,
+        ),
+        Block(event={"type": "content_block_stop", "index": 0}, t=0.023),
+        Block(
+            event={
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "tu_1", "name": "f", "input": {}},
+            },
+            t=0.024,
+        ),
+        Block(
+            event={
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": 9},
+            },
+            t=0.030,
+        ),
+        Block(event={"type": "message_stop"}, t=0.031),
+        Completed(status=200, duration_ms=31.5, bytes_sent=2048, t=0.0315),
+    ]
+
+
+async def write(path: Path, requests: dict[str, list[Event]]) -> JournalWriter:
+    writer = JournalWriter(path)
+    await writer.start()
+    for request_id, events in requests.items():
+        for seq, event in enumerate(events):
+            await writer.append(request_id, seq, event)
+    await writer.close()
+    return writer
+
+
+def db_count(path: Path, sql: str = "SELECT count(*) FROM events") -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_round_trip_events_and_summary(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    events = streaming_request()
+    writer = await write(path, {"req_1": events})
+    assert writer.stats["events_written"] == len(events)
+
+    with JournalReader(path) as reader:
+        assert reader.events("req_1") == list(enumerate(events))
+        row = reader.get_request("req_1")
+    assert row == {
+        "id": "req_1",
+        "ts": 1_700_000_000.25,
+        "method": "POST",
+        "path": "/v1/messages",
+        "tenant": "team-a",
+        "model": "qwen",
+        "backend": "grpc",
+        "worker": "grpc://127.0.0.1:5000",
+        "stream": True,
+        "status": 200,
+        "error_code": None,
+        "error_type": None,
+        "stop_reason": "tool_use",
+        "input_tokens": 12,
+        "output_tokens": 9,
+        "ttfe_ms": 20.5,
+        "duration_ms": 31.5,
+        "bytes_sent": 2048,
+        "replay_of": None,
+        "completed": True,
+        "has_tool_use": True,
+        "has_thinking": True,
+    }
+
+
+async def test_summary_built_across_batches_and_late_events(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    events = streaming_request()
+    for seq, event in enumerate(events):
+        await writer.append("req_1", seq, event)
+        await writer.flush()  # one event per batch
+    assert writer.stats["batches"] == len(events)
+    # An event after `completed` (its summary is gone from memory) must not erase the row.
+    await writer.append("req_1", len(events), Tokens(ids=[9], t=0.5))
+    await writer.close()
+    with JournalReader(path) as reader:
+        row = reader.get_request("req_1")
+    assert row is not None
+    assert (row["model"], row["status"], row["ttfe_ms"], row["completed"]) == (
+        "qwen",
+        200,
+        20.5,
+        True,
+    )
+
+
+async def test_rejected_request_summary(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    events: list[Event] = [
+        Received(method="POST", path="/v1/messages", body="{", ts=time.time()),
+        Rejected(
+            status=400,
+            error_type="invalid_request_error",
+            message="bad json",
+            code="invalid_json",
+            t=0.001,
+        ),
+        Completed(status=400, duration_ms=1.2, bytes_sent=120, t=0.0012),
+    ]
+    await write(path, {"req_bad": events})
+    with JournalReader(path) as reader:
+        row = reader.get_request("req_bad")
+    assert row is not None
+    assert row["status"] == 400
+    assert row["error_code"] == "invalid_json"
+    assert row["error_type"] == "invalid_request_error"
+    assert row["ttfe_ms"] is None
+    assert row["model"] is None
+
+
+async def test_group_commit_batches(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    n = 10_000
+    started = time.perf_counter()
+    for i in range(n):
+        await writer.append(f"req_{i // 10}", i % 10, Tokens(ids=[i], t=i / 1000))
+    appended = time.perf_counter() - started
+    await writer.flush()
+    stats = writer.stats
+    await writer.close()
+
+    assert stats["events_written"] == n
+    assert stats["batches"] < n // 100  # group commit, not one commit per event
+    assert stats["max_batch_seen"] > 1
+    assert stats["queue_depth"] == 0
+    assert appended < 2.0  # the hot path never waits on the disk
+    assert db_count(path) == n
+    assert db_count(path, "SELECT count(*) FROM requests") == n // 10
+
+
+async def test_backpressure_on_a_full_queue(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, queue_size=8, max_batch=4)
+    await writer.start()
+    for i in range(500):
+        await writer.append("req_1", i, Tokens(ids=[i]))
+    await writer.flush()
+    assert writer.stats["events_written"] == 500
+    assert writer.stats["max_batch_seen"] <= 4
+    await writer.close()
+    assert db_count(path) == 500
+
+
+async def test_flush_makes_events_visible_to_readers(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.flush()  # before start: nothing to wait for
+    await writer.start()
+    await writer.flush()  # idle: returns at once
+    for seq, event in enumerate(streaming_request()):
+        await writer.append("req_1", seq, event)
+    await writer.flush()
+    with JournalReader(path) as reader:  # a second connection, writer still open
+        assert len(reader.events("req_1")) == len(streaming_request())
+        assert reader.count() == 1
+    await writer.append("req_2", 0, Received(method="GET", path="/health"))
+    await writer.flush()
+    with JournalReader(path) as reader:
+        assert reader.count() == 2
+    await writer.close()
+
+
+async def test_close_drains_and_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    for i in range(3000):
+        await writer.append("req_1", i, Tokens(ids=[i]))
+    await writer.close()  # no flush: close must drain
+    await writer.close()
+    assert db_count(path) == 3000
+    await writer.append("req_1", 3000, Tokens(ids=[0]))  # after close: dropped, no error
+    assert writer.stats["events_dropped"] == 1
+    assert db_count(path) == 3000
+
+
+async def test_events_appended_before_start_are_written(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.append("req_1", 0, Received(method="POST", path="/v1/messages"))
+    await writer.start()
+    await writer.close()
+    assert db_count(path) == 1
+
+
+async def test_a_bad_event_does_not_cost_the_batch_or_the_task(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    await writer.append("req_1", 0, Tokens(ids=[1]))
+    await writer.append("req_1", 0, Tokens(ids=[2]))  # duplicate seq: a caller bug
+    await writer.append("req_2", 0, Tokens(ids=[3]))
+    await writer.flush()
+    assert writer.stats["events_dropped"] == 1
+    await writer.append("req_2", 1, Tokens(ids=[4]))  # the task is still alive
+    await writer.close()
+    assert db_count(path) == 3
+    with JournalReader(path) as reader:
+        assert [e for _, e in reader.events("req_1")] == [Tokens(ids=[1])]
+
+
+async def test_null_journal_does_nothing(tmp_path: Path) -> None:
+    journal = NullJournal()
+    await journal.start()
+    await journal.append("req_1", 0, Received(method="POST", path="/v1/messages"))
+    await journal.flush()
+    await journal.close()
+    await journal.close()
+    assert journal.stats == {
+        "events_written": 0,
+        "batches": 0,
+        "max_batch_seen": 0,
+        "queue_depth": 0,
+    }
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_upstream_events_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    events: list[Event] = [
+        Received(method="POST", path="/v1/messages", ts=1.0),
+        Upstream(part="head", status=200, headers={"content-type": "text/event-stream"}, t=0.01),
+        Upstream(part="chunk", data="event: ping\ndata: {}\n\n", t=0.02),
+        Upstream(part="chunk", data="AAEC", encoding="base64", t=0.03),
+        Completed(status=200, duration_ms=40.0, t=0.04),
+    ]
+    await write(path, {"req_relay": events})
+    with JournalReader(path) as reader:
+        assert reader.events("req_relay") == list(enumerate(events))
+        row = reader.get_request("req_relay")
+    assert row is not None and row["ttfe_ms"] == 10.0
+
+
+_KILLED_WRITER = """
+import asyncio, os, signal, sys
+from journal.events import Tokens
+from journal.writer import JournalWriter
+
+async def main():
+    writer = JournalWriter(sys.argv[1])
+    await writer.start()
+    for i in range(1000):
+        await writer.append("req_1", i, Tokens(ids=[i]))
+    await writer.flush()
+    for i in range(1000, 2000):
+        await writer.append("req_1", i, Tokens(ids=[i]))  # queued, never flushed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+def test_committed_batches_survive_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        written = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    finally:
+        conn.close()
+    assert 1000 <= written <= 2000  # everything flushed survived; the unflushed tail may not
