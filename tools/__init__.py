@@ -1,0 +1,1 @@
+"""Developer tools: the scripted worker, process helpers, benchmarks."""

@@ -1,0 +1,210 @@
+"""Process helpers for tests and benchmarks: start a server, wait until it answers, stop it.
+
+Every process runs in its own process group with its output in a log file, so ``stop`` and
+``kill`` reach its children too and a failure can show what the process said. A process whose
+``Spawned`` was never stopped is stopped at interpreter exit as a last resort.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+_live: set[Spawned] = set()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(eq=False)
+class Spawned:
+    """A started process, its base URL and its log file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, wait up to ``timeout``, then SIGKILL. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        _live.discard(self)
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Also reaches children that outlived the leader.
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the process group now (simulates a crash); ``stop`` stays safe to call."""
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
+
+    def log(self) -> str:
+        """The process's output so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for spawned in list(_live):
+        spawned.stop(timeout=1.0)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def spawn(
+    args: list[str],
+    *,
+    ready_url: str,
+    url: str,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+) -> Spawned:
+    """Start ``args`` in the repository root and wait until ``ready_url`` answers below 500.
+
+    ``env`` entries are added to the current environment. Raises RuntimeError with the log's
+    tail when the process exits or ``timeout`` passes first; the process is stopped then.
+    """
+    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="smg-spawn-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="spawn-", suffix=".log", dir=log_dir)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with os.fdopen(fd, "wb") as log_file:
+        proc = subprocess.Popen(
+            args,
+            cwd=REPO_ROOT,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    spawned = Spawned(proc, url.rstrip("/"), Path(name))
+    _live.add(spawned)
+    try:
+        _wait_ready(spawned, ready_url, timeout)
+    except BaseException:
+        spawned.stop(timeout=1.0)
+        raise
+    return spawned
+
+
+def _wait_ready(spawned: Spawned, ready_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=1.0) as client:
+        while True:
+            code = spawned.proc.poll()
+            if code is not None:
+                tail = _tail(spawned.log())
+                raise RuntimeError(f"exited with {code} before {ready_url} answered:\n{tail}")
+            try:
+                if client.get(ready_url).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"{ready_url} did not answer within {timeout}s:\n{_tail(spawned.log())}"
+                )
+            time.sleep(0.05)
+
+
+def spawn_worker(
+    port: int | None = None,
+    *,
+    models: list[str] | None = None,
+    extra: list[str] | None = None,
+    timeout: float = 30.0,
+) -> Spawned:
+    """Start ``tools.scripted_worker`` on 127.0.0.1 and wait for its ``/health``.
+
+    Without ``port`` a free one is picked, and picked again if another process took it first.
+    """
+    attempts = 1 if port is not None else 3
+    for attempt in range(attempts):
+        chosen = port if port is not None else free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "tools.scripted_worker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(chosen),
+        ]
+        if models:
+            args += ["--models", ",".join(models)]
+        args += extra or []
+        url = f"http://127.0.0.1:{chosen}"
+        try:
+            return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout)
+        except RuntimeError as exc:
+            if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")
+
+
+def spawn_gateway(
+    worker_urls: list[str],
+    *,
+    journal: Path | None = None,
+    extra: list[str] | None = None,
+    port: int | None = None,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Spawned:
+    """Start `smg launch` on 127.0.0.1 in front of ``worker_urls`` and wait for its ``/health``.
+
+    The gateway discovers its workers before it serves, so once ``/health`` answers the
+    model list is known. Without ``journal`` the gateway runs with ``--no-journal``.
+    """
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port)]
+    if worker_urls:
+        args += ["--worker-urls", *worker_urls]
+    args += ["--journal", str(journal)] if journal else ["--no-journal"]
+    args += extra or []
+    return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout, env=env)
