@@ -26,6 +26,7 @@ class Call:
     body: dict[str, Any]  # the client's JSON object, as sent
     request: Any  # the parsed protocol model (CreateMessageRequest | CountTokensRequest)
     headers: Mapping[str, str]  # the client's headers, lower-case names
+    raw: bytes = b""  # the body bytes as received
     alias_used: bool = False
 
 

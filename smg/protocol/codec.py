@@ -1,13 +1,15 @@
 """JSON in and out of the gateway, keeping the values clients send.
 
-orjson on the fast path; the standard library only for integers beyond 64 bits, which orjson
-refuses but a client may legitimately send (and a relay must forward unchanged). Non-finite
-literals (`NaN`, `Infinity`) are not JSON and are refused.
+orjson on the fast path; the standard library when the text holds an integer literal of 20 or
+more digits, which orjson would turn into a float but a client may legitimately send (and a
+relay must forward unchanged). Non-finite literals (`NaN`, `Infinity`) are not JSON and are
+refused.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -21,11 +23,14 @@ def _refuse_constant(name: str) -> Any:
     raise BodyDecodeError(f"{name} is not valid JSON")
 
 
-def loads(data: bytes | str) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        if "64-bit" not in str(exc):
+_LONG_INTEGER = re.compile(rb"\d{20}")
+
+
+def loads(data: bytes) -> Any:
+    if not _LONG_INTEGER.search(data):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             raise BodyDecodeError(str(exc)) from None
     try:
         return json.loads(data, parse_constant=_refuse_constant)

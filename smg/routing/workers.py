@@ -35,6 +35,20 @@ class Worker:
     discovered: bool = False
     wildcard: bool = False  # serves any model (external APIs)
     last_error: str | None = None
+    consecutive_failures: int = 0
+
+    # A worker that drops this many requests in a row is taken out until a health check passes.
+    FAILURE_THRESHOLD = 3
+
+    def record_failure(self, error: str, *, refused: bool = False) -> None:
+        """A transport failure. A refused connection means nothing listens: out at once."""
+        self.last_error = error
+        self.consecutive_failures += 1
+        if refused or self.consecutive_failures >= self.FAILURE_THRESHOLD:
+            self.healthy = False
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
 
     def serves(self, model: str) -> bool:
         return self.wildcard or model in self.models

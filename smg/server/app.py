@@ -80,6 +80,8 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
     async def _decorate(request: Any, response: HTTPResponse) -> None:
         _ensure_context(request)
         response.headers.setdefault("x-request-id", request.ctx.request_id)
+        # Anthropic SDKs read `request-id` (e.g. `APIStatusError.request_id`); an upstream's own wins.
+        response.headers.setdefault("request-id", request.ctx.request_id)
         gateway: Gateway = request.app.ctx.gateway
         for key, value in gateway.cors.response_headers(request.ctx.headers, _is_preflight(request)).items():
             response.headers[key] = value

@@ -62,6 +62,7 @@ def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: b
         body=data,
         request=request,
         headers=headers,
+        raw=body,
         alias_used=model != request.model,
     )
 

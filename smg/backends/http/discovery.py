@@ -67,4 +67,6 @@ async def check_health(worker: Worker, client: httpx.AsyncClient, timeout: float
     if ok != worker.healthy:
         log.warning("worker %s is now %s", worker.url, "healthy" if ok else f"unhealthy ({worker.last_error})")
     worker.healthy = ok
+    if ok:
+        worker.consecutive_failures = 0
     return ok

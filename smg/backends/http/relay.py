@@ -40,12 +40,17 @@ _OPTIONAL_FIELDS = frozenset(
 
 
 def relay_body(call: Call) -> bytes:
-    """The body a worker receives: the client's JSON with the canonical model id."""
+    """The body a worker receives: the client's JSON with the canonical model id.
+
+    When nothing needs changing the client's own bytes go out, which keeps every number,
+    key order and unknown field exactly as sent; otherwise the parsed body is re-serialized.
+    """
     body = call.body
-    if call.alias_used or any(body.get(k, 0) is None for k in _OPTIONAL_FIELDS):
-        body = {k: v for k, v in body.items() if not (v is None and k in _OPTIONAL_FIELDS)}
-        if "model" in body:
-            body["model"] = call.model
+    if not call.alias_used and not any(body.get(k, 0) is None for k in _OPTIONAL_FIELDS) and call.raw:
+        return call.raw
+    body = {k: v for k, v in body.items() if not (v is None and k in _OPTIONAL_FIELDS)}
+    if "model" in body:
+        body["model"] = call.model
     return codec.dumps(body)
 
 
@@ -149,11 +154,11 @@ class HttpRelayBackend:
                 failure = ApiError(504, f"{_describe(exc)}. URL: {url}", code="call_upstream_timeout")
                 continue
             except httpx.HTTPError as exc:
-                worker.healthy = False
-                worker.last_error = _describe(exc)
+                worker.record_failure(_describe(exc), refused=isinstance(exc, httpx.ConnectError))
                 failure = ApiError(502, f"{_describe(exc)}. URL: {url}", code="call_upstream_connection_failed")
                 continue
 
+            worker.record_success()
             if response.status_code in RETRYABLE_STATUSES and attempt < max_attempts:
                 await response.aclose()
                 failure = None
