@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from journal.events import Completed, Error, Received, Rejected, Validated
+from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
 from journal.redact import redact_body, redact_headers
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
@@ -21,6 +21,7 @@ from smg.projection import Projection, Whole, error_response
 from smg.protocol import codec
 from smg.protocol.errors import ApiError, invalid_request
 from smg.protocol.parse import parse_count_tokens, parse_create_message
+from smg.protocol.usage import UsageReader
 from smg.server.auth import check_bearer, tenant_of
 from smg.server.responder import Responder
 from smg.server.state import Gateway
@@ -103,6 +104,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     )
     disconnected = False
     stage = "admission"
+    outcome = UsageReader()
     try:
         try:
             call = admit(gateway, endpoint, headers, body, rid)
@@ -111,6 +113,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             stage = "backend"
             async for event in gateway.backend.handle(call):
                 await flow.emit(event)
+                _observe(outcome, event)
                 await responder.run(projection.feed(event))
             await responder.run(projection.finish())
             if not responder.responded:
@@ -133,8 +136,21 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 duration_ms=round(flow.elapsed() * 1000, 3),
                 bytes_sent=responder.bytes_sent,
                 disconnected=disconnected,
+                usage=outcome.usage or None,
+                stop_reason=outcome.stop_reason,
             )
         )
+
+
+def _observe(outcome: UsageReader, event: object) -> None:
+    """Note how the response ended (usage, stop_reason) for the `completed` event."""
+    if isinstance(event, Upstream) and event.encoding == "utf-8" and event.data:
+        if event.part == "chunk":
+            outcome.chunk(event.data)
+        elif event.part == "body":
+            outcome.body(event.data)
+    elif isinstance(event, Block):
+        outcome.event(event.event)
 
 
 async def _fail(flow: Flow, projection: Projection, responder: Responder, err: ApiError, stage: str) -> None:

@@ -1,0 +1,66 @@
+"""Reading `stop_reason` and `usage` out of a Messages response as it passes by.
+
+Relay backends pass responses through untouched; the journal still wants to know how each
+one ended. `UsageReader` takes the body (or the SSE text, piece by piece), and parses only the
+frames that carry usage (`message_start`, `message_delta`), so the cost per chunk is a
+substring check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_MAX_PENDING = 1 << 16  # a frame longer than this carries no usage worth the memory
+
+
+class UsageReader:
+    __slots__ = ("usage", "stop_reason", "_pending")
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] = {}
+        self.stop_reason: str | None = None
+        self._pending = ""
+
+    def body(self, text: str) -> None:
+        """A whole non-streaming message."""
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(data, dict):
+            self._take(data.get("usage"), data.get("stop_reason"))
+
+    def chunk(self, text: str) -> None:
+        """The next piece of an SSE stream."""
+        buffered = self._pending + text if self._pending else text
+        frames, sep, rest = buffered.rpartition("\n\n")
+        self._pending = rest[-_MAX_PENDING:] if len(rest) > _MAX_PENDING else rest
+        if not sep or ("message_delta" not in frames and "message_start" not in frames):
+            return
+        for line in frames.split("\n"):
+            if line.startswith("data:") and ("message_delta" in line or "message_start" in line):
+                self._frame(line[5:])
+
+    def _frame(self, payload: str) -> None:
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(data, dict):
+            self.event(data)
+
+    def event(self, data: dict[str, Any]) -> None:
+        """One decoded stream event."""
+        if data.get("type") == "message_start" and isinstance(data.get("message"), dict):
+            self._take(data["message"].get("usage"), None)
+        elif data.get("type") == "message_delta":
+            delta = data.get("delta")
+            self._take(data.get("usage"), delta.get("stop_reason") if isinstance(delta, dict) else None)
+
+    def _take(self, usage: Any, stop_reason: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage.update({k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)})
+        if isinstance(stop_reason, str):
+            self.stop_reason = stop_reason

@@ -1,0 +1,48 @@
+"""`smg launch` refuses what it cannot do, by name, before it binds a port."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from smg.cli.main import app, expand_multi_values
+
+runner = CliRunner()
+
+
+def test_multi_value_flags_take_several_values_after_one_flag() -> None:
+    argv = ["launch", "--worker-urls", "http://a", "http://b", "--port", "1", "--model-alias", "x=y", "p=q"]
+    assert expand_multi_values(argv) == [
+        "launch", "--worker-urls", "http://a", "--worker-urls", "http://b", "--port", "1",
+        "--model-alias", "x=y", "--model-alias", "p=q",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--worker-urls", "http://127.0.0.1:1", "--enable-igw"], "--enable-igw: IGW mode"),
+        (["--worker-urls", "http://127.0.0.1:1", "--pd-disaggregation"], "not supported by this gateway yet"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tool-call-parser", "qwen"], "--tool-call-parser"),
+        (["--worker-urls", "http://127.0.0.1:1", "--no-such-flag"], "no such option: --no-such-flag"),
+        ([], "--worker-urls is required"),
+        (["--worker-urls", "grpc://127.0.0.1:1"], "grpc workers are not supported by this gateway yet"),
+        (["--worker-urls", "ipc:///tmp/x"], "zmq workers are not supported by this gateway yet"),
+        (["--worker-urls", "ftp://x"], "unsupported worker URL scheme"),
+        (["--worker-urls", "http://127.0.0.1:1", "--model-alias", "nope"], "ALIAS=CANONICAL"),
+        (["--worker-urls", "http://127.0.0.1:1", "--backend", "bogus"], "unknown --backend"),
+        (["--worker-urls", "http://127.0.0.1:1", "--log-level", "loud"], "--log-level"),
+    ],
+)
+def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, ["launch", *args])
+    assert result.exit_code != 0
+    assert needle in result.output
+
+
+def test_console_entry_point_shows_every_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "smg", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "launch" in out and "journal" in out
