@@ -57,7 +57,9 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
-    app.ctx.gateway = Gateway(config=config, backend=backend, journal=journal, cors=CorsPolicy(config.cors_allowed_origins))
+    app.ctx.gateway = Gateway(
+        config=config, backend=backend, journal=journal, cors=CorsPolicy(config.cors_allowed_origins)
+    )
 
     @app.before_server_start
     async def _start(app: Sanic, _: Any) -> None:

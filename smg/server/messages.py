@@ -124,7 +124,9 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             raise
         except Exception:
             log.exception("request %s failed", rid)
-            err = ApiError(500, "Internal gateway error; the request id identifies it in the journal", code="internal_error")
+            err = ApiError(
+                500, "Internal gateway error; the request id identifies it in the journal", code="internal_error"
+            )
             await _fail(flow, projection, responder, err, stage)
     except asyncio.CancelledError:
         disconnected = True

@@ -30,9 +30,7 @@ class Responder:
                 headers = dict(action.headers)
                 content_type = headers.pop("content-type", "application/json")
                 self.status = action.status
-                response = await self._request.respond(
-                    status=action.status, headers=headers, content_type=content_type
-                )
+                response = await self._request.respond(status=action.status, headers=headers, content_type=content_type)
                 await response.send(action.body, end_stream=True)
                 self.bytes_sent += len(action.body)
             elif isinstance(action, Head):

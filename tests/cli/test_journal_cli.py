@@ -27,7 +27,9 @@ def test_ls_json_lists_real_requests(client: httpx.Client, scripted: Scripted, j
     assert rows["cli-ls-bad"]["status"] == 400 and rows["cli-ls-bad"]["error_type"] == "invalid_request_error"
 
 
-def test_show_prints_timeline_request_and_response(client: httpx.Client, scripted: Scripted, journal_path: Path) -> None:
+def test_show_prints_timeline_request_and_response(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
     response = client.post("/v1/messages", json=BODY, headers={"x-request-id": "cli-show-1", "x-api-key": "sk-hidden"})
     wait_for_events(journal_path, "cli-show-1")
     result = runner.invoke(app, ["journal", "show", "cli-show-1", "--journal", str(journal_path)])
@@ -49,7 +51,9 @@ def test_show_unknown_id_fails_cleanly(journal_path: Path, client: httpx.Client)
 
 
 def test_relayed_stream_usage_reaches_the_summary(client: httpx.Client, scripted: Scripted, journal_path: Path) -> None:
-    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "cli-usage-1"}) as r:
+    with client.stream(
+        "POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "cli-usage-1"}
+    ) as r:
         r.read()
     wait_for_events(journal_path, "cli-usage-1")
     result = runner.invoke(app, ["journal", "ls", "--journal", str(journal_path), "--json", "--limit", "500"])

@@ -16,8 +16,17 @@ runner = CliRunner()
 def test_multi_value_flags_take_several_values_after_one_flag() -> None:
     argv = ["launch", "--worker-urls", "http://a", "http://b", "--port", "1", "--model-alias", "x=y", "p=q"]
     assert expand_multi_values(argv) == [
-        "launch", "--worker-urls", "http://a", "--worker-urls", "http://b", "--port", "1",
-        "--model-alias", "x=y", "--model-alias", "p=q",
+        "launch",
+        "--worker-urls",
+        "http://a",
+        "--worker-urls",
+        "http://b",
+        "--port",
+        "1",
+        "--model-alias",
+        "x=y",
+        "--model-alias",
+        "p=q",
     ]
 
 

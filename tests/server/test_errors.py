@@ -77,7 +77,11 @@ def test_right_bearer_passes_case_insensitive_scheme(guarded: Spawned, scripted:
 def test_cors_preflight_for_allowed_origin(guarded: Spawned) -> None:
     response = httpx.options(
         guarded.url + "/v1/messages",
-        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type, x-api-key"},
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, x-api-key",
+        },
     )
     assert response.status_code == 204
     assert response.headers["access-control-allow-origin"] == ORIGIN
@@ -89,7 +93,8 @@ def test_cors_preflight_for_allowed_origin(guarded: Spawned) -> None:
 
 def test_cors_other_origin_gets_no_allow_header(guarded: Spawned) -> None:
     response = httpx.options(
-        guarded.url + "/v1/messages", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+        guarded.url + "/v1/messages",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
     )
     assert "access-control-allow-origin" not in response.headers
 
@@ -105,7 +110,11 @@ def test_cors_on_an_actual_request_exposes_request_id(guarded: Spawned, scripted
 def test_cors_without_the_flag_allows_any_origin(gateway: Spawned) -> None:
     response = httpx.options(
         gateway.url + "/v1/messages",
-        headers={"Origin": "https://anything.example", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x-api-key"},
+        headers={
+            "Origin": "https://anything.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "x-api-key",
+        },
     )
     assert response.headers["access-control-allow-origin"] == "*"
     assert "x-api-key" in response.headers["access-control-allow-headers"]
@@ -139,7 +148,9 @@ def test_missing_content_type_is_400(client: httpx.Client) -> None:
 
 
 def test_wrong_content_type_is_400(client: httpx.Client) -> None:
-    response = client.post("/v1/messages/count_tokens", content=b"model=m", headers={"content-type": "application/x-www-form-urlencoded"})
+    response = client.post(
+        "/v1/messages/count_tokens", content=b"model=m", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     body = assert_envelope(response, 400, "invalid_request_error")
     assert "application/json" in body["error"]["message"]
 
@@ -147,7 +158,9 @@ def test_wrong_content_type_is_400(client: httpx.Client) -> None:
 def test_json_with_charset_is_accepted(client: httpx.Client, scripted: Scripted) -> None:
     import orjson
 
-    response = client.post("/v1/messages", content=orjson.dumps(BODY), headers={"content-type": "application/json; charset=utf-8"})
+    response = client.post(
+        "/v1/messages", content=orjson.dumps(BODY), headers={"content-type": "application/json; charset=utf-8"}
+    )
     assert response.status_code == 200
 
 
@@ -171,7 +184,9 @@ def test_client_request_id_is_the_envelope_request_id(client: httpx.Client) -> N
 
 def test_refusals_are_journaled_completely(guarded: Spawned, guarded_journal: Path) -> None:
     response = httpx.post(
-        guarded.url + "/v1/messages", json=BODY, headers={"x-api-key": "sk-ant-do-not-store", "x-request-id": "auth-refused-1"}
+        guarded.url + "/v1/messages",
+        json=BODY,
+        headers={"x-api-key": "sk-ant-do-not-store", "x-request-id": "auth-refused-1"},
     )
     assert response.status_code == 401
     events = wait_for_events(guarded_journal, "auth-refused-1")

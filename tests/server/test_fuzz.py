@@ -26,8 +26,23 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=20,
 )
-FIELDS = ["model", "max_tokens", "messages", "tools", "tool_choice", "system", "thinking", "stop_sequences",
-          "temperature", "top_p", "top_k", "metadata", "service_tier", "mcp_servers", "stream"]
+FIELDS = [
+    "model",
+    "max_tokens",
+    "messages",
+    "tools",
+    "tool_choice",
+    "system",
+    "thinking",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "metadata",
+    "service_tier",
+    "mcp_servers",
+    "stream",
+]
 
 
 @st.composite
@@ -41,7 +56,9 @@ def mutated_bodies(draw: st.DrawFn) -> dict[str, Any]:
         elif action == "replace":
             body[field] = draw(json_values)
         else:
-            body["messages"] = [{"role": draw(st.sampled_from(["user", "assistant", "system", "tool"])), "content": draw(json_values)}]
+            body["messages"] = [
+                {"role": draw(st.sampled_from(["user", "assistant", "system", "tool"])), "content": draw(json_values)}
+            ]
     body["stream"] = False  # a streamed success is fine too, but keeps this test simple to check
     return body
 

@@ -24,15 +24,21 @@ def test_success_sequence_and_reconstruction(client: httpx.Client, scripted: Scr
     assert isinstance(routed, Routed) and routed.backend == "http" and routed.worker
     assert isinstance(head, Upstream) and head.part == "head" and head.status == 200
     assert isinstance(body, Upstream) and body.part == "body"
-    assert isinstance(completed, Completed) and completed.status == 200 and completed.bytes_sent == len(response.content)
+    assert (
+        isinstance(completed, Completed) and completed.status == 200 and completed.bytes_sent == len(response.content)
+    )
     assert [e.t for e in events] == sorted(e.t for e in events)
     rebuilt = reconstruct(events)
     assert rebuilt.status == 200 and rebuilt.body == response.content
     assert rebuilt.headers["x-request-id"] == "seq-ok-1"
 
 
-def test_streamed_success_reconstructs_the_exact_sse(client: httpx.Client, scripted: Scripted, journal_path: Path) -> None:
-    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "seq-sse-1"}) as response:
+def test_streamed_success_reconstructs_the_exact_sse(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    with client.stream(
+        "POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "seq-sse-1"}
+    ) as response:
         data = b"".join(response.iter_raw())
     events = wait_for_events(journal_path, "seq-sse-1")
     kinds = [e.kind for e in events]

@@ -17,9 +17,15 @@ BODY = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content
 
 def test_non_streaming_body_is_relayed_byte_for_byte(client: httpx.Client, scripted: Scripted, worker: Spawned) -> None:
     answer = {
-        "id": "msg_x", "type": "message", "role": "assistant", "model": MODEL,
-        "content": [{"type": "text", "text": "exact"}], "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 3, "output_tokens": 1}, "vendor_extra": {"kept": 1.50},
+        "id": "msg_x",
+        "type": "message",
+        "role": "assistant",
+        "model": MODEL,
+        "content": [{"type": "text", "text": "exact"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 1},
+        "vendor_extra": {"kept": 1.50},
     }
     scripted.script({"json": answer}, {"json": answer})
     direct = httpx.post(f"{worker.url}/v1/messages", json=BODY)
@@ -51,11 +57,18 @@ def test_multibyte_characters_split_across_network_reads_survive(
     text = "héllo → 😀 ✓"
     frame = (
         "event: content_block_delta\ndata: "
-        + orjson.dumps({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}).decode()
+        + orjson.dumps(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        ).decode()
         + "\n\n"
     ).encode()
     cut = frame.index("😀".encode()) + 2  # inside the 4-byte character
-    halves = [{"raw_b64": base64.b64encode(part).decode(), } for part in (frame[:cut], frame[cut:])]
+    halves = [
+        {
+            "raw_b64": base64.b64encode(part).decode(),
+        }
+        for part in (frame[:cut], frame[cut:])
+    ]
     scripted.script({"sse": halves, "chunk_delay_ms": 50})
     with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as response:
         data = b"".join(response.iter_raw())
@@ -88,8 +101,15 @@ def test_only_allowlisted_headers_reach_the_worker(client: httpx.Client, scripte
     )
     seen = scripted.received()[-1]["headers"]
     for name in (
-        "authorization", "anthropic-version", "anthropic-beta", "x-request-id", "x-correlation-id",
-        "x-request-id-extra", "traceparent", "tracestate", "x-smg-routing-key",
+        "authorization",
+        "anthropic-version",
+        "anthropic-beta",
+        "x-request-id",
+        "x-correlation-id",
+        "x-request-id-extra",
+        "traceparent",
+        "tracestate",
+        "x-smg-routing-key",
     ):
         assert name in seen, name
     for name in ("x-api-key", "cookie", "x-custom", "x-smg-mcp"):
@@ -146,7 +166,10 @@ def test_max_tokens_zero_is_refused_before_any_worker(client: httpx.Client, scri
 
 
 def test_count_tokens_goes_to_one_worker(client: httpx.Client, scripted: Scripted) -> None:
-    scripted.script({"json": {"input_tokens": 17, "context_management": {"original_input_tokens": 20}}}, path="/v1/messages/count_tokens")
+    scripted.script(
+        {"json": {"input_tokens": 17, "context_management": {"original_input_tokens": 20}}},
+        path="/v1/messages/count_tokens",
+    )
     response = client.post(
         "/v1/messages/count_tokens",
         json={"model": "alias-model", "messages": BODY["messages"], "context_management": {"x": 1}},
@@ -159,11 +182,17 @@ def test_count_tokens_goes_to_one_worker(client: httpx.Client, scripted: Scripte
 
 
 def test_unknown_model_is_404_model_not_found(client: httpx.Client, scripted: Scripted) -> None:
-    for path, body in (("/v1/messages", {**BODY, "model": "nope"}), ("/v1/messages/count_tokens", {"model": "nope", "messages": BODY["messages"]})):
+    for path, body in (
+        ("/v1/messages", {**BODY, "model": "nope"}),
+        ("/v1/messages/count_tokens", {"model": "nope", "messages": BODY["messages"]}),
+    ):
         response = client.post(path, json=body)
         assert response.status_code == 404
         assert response.headers["x-smg-error-code"] == "model_not_found"
-        assert response.json()["error"] == {"type": "not_found_error", "message": "No worker available for model 'nope'"}
+        assert response.json()["error"] == {
+            "type": "not_found_error",
+            "message": "No worker available for model 'nope'",
+        }
     assert scripted.received() == []
 
 
@@ -171,13 +200,21 @@ def test_unknown_model_is_404_model_not_found(client: httpx.Client, scripted: Sc
 def test_anthropic_shaped_upstream_error_keeps_its_error_and_gains_request_id(
     client: httpx.Client, scripted: Scripted, stream: bool
 ) -> None:
-    upstream = {"type": "error", "error": {"type": "overloaded_error", "message": "busy, try later"}, "request_id": "req_upstream"}
+    upstream = {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "busy, try later"},
+        "request_id": "req_upstream",
+    }
     scripted.script({"status": 529, "json": upstream, "headers": {"retry-after": "7", "x-smg-error-code": "fake"}})
     response = client.post("/v1/messages", json={**BODY, "stream": stream})
     assert response.status_code == 529
     assert response.headers["content-type"].startswith("application/json")
     body = response.json()
-    assert body == {"type": "error", "error": {"type": "overloaded_error", "message": "busy, try later"}, "request_id": response.headers["x-request-id"]}
+    assert body == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "busy, try later"},
+        "request_id": response.headers["x-request-id"],
+    }
     assert response.headers["retry-after"] == "7"
     assert "x-smg-error-code" not in response.headers
 
@@ -200,13 +237,32 @@ def test_other_upstream_errors_are_reshaped_into_the_envelope(
     scripted.script({"status": status, **answer})
     response = client.post("/v1/messages", json=BODY)
     assert response.status_code == status
-    assert response.json() == {"type": "error", "error": {"type": error_type, "message": message}, "request_id": response.headers["x-request-id"]}
+    assert response.json() == {
+        "type": "error",
+        "error": {"type": error_type, "message": message},
+        "request_id": response.headers["x-request-id"],
+    }
     assert "x-smg-error-code" not in response.headers
 
 
 def test_upstream_error_events_inside_a_stream_are_relayed(client: httpx.Client, scripted: Scripted) -> None:
     frames = [
-        {"event": "message_start", "data": {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "model": MODEL, "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}}},
+        {
+            "event": "message_start",
+            "data": {
+                "type": "message_start",
+                "message": {
+                    "id": "m",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": MODEL,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 1, "output_tokens": 0},
+                },
+            },
+        },
         {"event": "error", "data": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}},
     ]
     scripted.script({"sse": frames})

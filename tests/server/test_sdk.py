@@ -56,7 +56,9 @@ def test_unknown_model_raises_not_found(sdk: anthropic.Anthropic) -> None:
 
 
 def test_upstream_overload_raises_the_sdk_error_type(sdk: anthropic.Anthropic, scripted: Scripted) -> None:
-    scripted.script({"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}})
+    scripted.script(
+        {"status": 529, "json": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}}
+    )
     with pytest.raises(anthropic.APIStatusError) as info:
         sdk.messages.create(model=MODEL, max_tokens=8, messages=MESSAGES)
     assert info.value.status_code == 529

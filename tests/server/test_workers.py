@@ -52,7 +52,9 @@ def test_retry_moves_a_dropped_request_to_the_other_worker(pair: tuple[Scripted,
     assert len(a.received()) + len(b.received()) == 3  # dropped on one, dropped on the other, served
 
 
-def test_retryable_status_is_retried_then_relayed_when_retries_run_out(pair: tuple[Scripted, Scripted, Spawned, Spawned]) -> None:
+def test_retryable_status_is_retried_then_relayed_when_retries_run_out(
+    pair: tuple[Scripted, Scripted, Spawned, Spawned],
+) -> None:
     a, _, wa, _ = pair
     a.script({"status": 503, "body": "warming up"}, {"status": 503, "body": "still warming up"})
     gw = _gateway([wa.url], "--retry-max-retries", "1")

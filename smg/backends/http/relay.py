@@ -33,8 +33,20 @@ _PATHS = {"messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens
 # Modeled optional fields: an explicit null is the same as absent and is not forwarded.
 _OPTIONAL_FIELDS = frozenset(
     {
-        "system", "stream", "temperature", "top_p", "top_k", "stop_sequences", "tools",
-        "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "rid",
+        "system",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_sequences",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "metadata",
+        "service_tier",
+        "container",
+        "mcp_servers",
+        "rid",
     }
 )
 
@@ -203,7 +215,13 @@ class HttpRelayBackend:
                 yield Upstream(part="body", data=data, encoding=encoding)
         except httpx.HTTPError as exc:
             message = f"Upstream stream ended unexpectedly: {_describe(exc)}"
-            yield Error(stage="upstream", status=502, error_type="api_error", message=message, code="upstream_stream_interrupted")
+            yield Error(
+                stage="upstream",
+                status=502,
+                error_type="api_error",
+                message=message,
+                code="upstream_stream_interrupted",
+            )
         finally:
             await response.aclose()
 
@@ -222,4 +240,3 @@ async def _read_capped(response: httpx.Response, limit: int) -> bytes:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
