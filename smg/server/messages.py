@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 from typing import Any
 
 from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
@@ -111,10 +112,12 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
             projection.stream = call.stream
             stage = "backend"
-            async for event in gateway.backend.handle(call):
-                await flow.emit(event)
-                _observe(outcome, event)
-                await responder.run(projection.feed(event))
+            # aclosing: a client that goes away closes the upstream at once, not at GC time.
+            async with aclosing(gateway.backend.handle(call)) as events:
+                async for event in events:
+                    await flow.emit(event)
+                    _observe(outcome, event)
+                    await responder.run(projection.feed(event))
             await responder.run(projection.finish())
             if not responder.responded:
                 raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")

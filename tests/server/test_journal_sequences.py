@@ -75,3 +75,14 @@ def test_upstream_error_sequence(client: httpx.Client, scripted: Scripted, journ
     events = wait_for_events(journal_path, "seq-500-1")
     assert [e.kind for e in events] == ["received", "validated", "routed", "upstream", "upstream", "completed"]
     assert reconstruct(events).body == response.content
+
+
+def test_client_disconnect_mid_stream_is_journaled(client: httpx.Client, scripted: Scripted, journal_path: Path) -> None:
+    frames = [{"event": "ping", "data": {"type": "ping"}}] * 200
+    scripted.script({"sse": frames, "chunk_delay_ms": 20})
+    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "seq-gone-1"}) as r:
+        next(r.iter_raw())  # the first bytes arrive, then the client hangs up
+    events = wait_for_events(journal_path, "seq-gone-1")
+    completed = events[-1]
+    assert isinstance(completed, Completed) and completed.disconnected and completed.status == 200
+    assert sum(1 for e in events if e.kind == "upstream") < 150  # the relay stopped reading
