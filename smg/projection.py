@@ -53,7 +53,7 @@ SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-contro
 
 
 def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+    return b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def error_response(request_id: str, error: Error) -> Whole:

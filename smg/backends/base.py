@@ -8,7 +8,7 @@ before its first response byte; after that, it yields an `Error` event and stops
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -46,4 +46,4 @@ class Backend(Protocol):
 
     def models(self) -> list[ModelCard]: ...
 
-    def handle(self, call: Call) -> AsyncIterator[Event]: ...
+    def handle(self, call: Call) -> AsyncGenerator[Event, None]: ...

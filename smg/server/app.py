@@ -12,7 +12,7 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
-from smg.backends.base import Backend
+from smg.backends.base import Backend, Endpoint
 from smg.config import GatewayConfig
 from smg.projection import Whole
 from smg.protocol.errors import ApiError, reason_phrase
@@ -49,10 +49,10 @@ def _is_preflight(request: Any) -> bool:
     return request.method == "OPTIONS" and "access-control-request-method" in request.ctx.headers
 
 
-def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str = "smg") -> Sanic:
-    app = Sanic(name)
+def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str = "smg") -> Sanic[Any, Any]:
+    app: Sanic[Any, Any] = Sanic(name)
     app.config.REQUEST_MAX_SIZE = config.max_payload_size
-    app.config.RESPONSE_TIMEOUT = config.request_timeout_secs + 60
+    app.config.RESPONSE_TIMEOUT = int(config.request_timeout_secs) + 60
     app.config.REQUEST_TIMEOUT = 60
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.FALLBACK_ERROR_FORMAT = "json"
@@ -62,12 +62,12 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
     )
 
     @app.before_server_start
-    async def _start(app: Sanic, _: Any) -> None:
+    async def _start(app: Sanic[Any, Any], _: Any) -> None:
         await journal.start()
         await backend.start()
 
     @app.after_server_stop
-    async def _stop(app: Sanic, _: Any) -> None:
+    async def _stop(app: Sanic[Any, Any], _: Any) -> None:
         await backend.close()
         await journal.close()
 
@@ -78,7 +78,7 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
             return HTTPResponse(status=204)
         return None
 
-    @app.on_response
+    @app.on_response  # type: ignore[untyped-decorator]
     async def _decorate(request: Any, response: HTTPResponse) -> None:
         _ensure_context(request)
         response.headers.setdefault("x-request-id", request.ctx.request_id)
@@ -88,7 +88,7 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
         for key, value in gateway.cors.response_headers(request.ctx.headers, _is_preflight(request)).items():
             response.headers[key] = value
 
-    async def _endpoint(request: Any, endpoint: messages.Endpoint) -> HTTPResponse | None:
+    async def _endpoint(request: Any, endpoint: Endpoint) -> HTTPResponse | None:
         if request.method != "POST":
             allowed = ApiError(
                 405,

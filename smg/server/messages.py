@@ -127,10 +127,10 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             raise
         except Exception:
             log.exception("request %s failed", rid)
-            err = ApiError(
+            internal = ApiError(
                 500, "Internal gateway error; the request id identifies it in the journal", code="internal_error"
             )
-            await _fail(flow, projection, responder, err, stage)
+            await _fail(flow, projection, responder, internal, stage)
     except asyncio.CancelledError:
         disconnected = True
         raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import httpx
 
@@ -135,7 +135,7 @@ class HttpRelayBackend:
                 elif full_round or not worker.healthy:
                     await check_health(worker, self.client)
 
-    async def handle(self, call: Call) -> AsyncIterator[Event]:
+    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
         if call.endpoint == "messages" and getattr(call.request, "max_tokens", None) == 0:
             raise ApiError(
                 400,
@@ -192,7 +192,7 @@ class HttpRelayBackend:
             # Every worker is down after a transport failure: report that failure, not the pool state.
             raise failure from None
 
-    async def _relay(self, call: Call, worker: Worker, response: httpx.Response) -> AsyncIterator[Event]:
+    async def _relay(self, call: Call, worker: Worker, response: httpx.Response) -> AsyncGenerator[Event, None]:
         status = response.status_code
         head = relayed_response_headers(response.headers.multi_items())
         streaming = call.stream and status < 400
