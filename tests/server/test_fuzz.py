@@ -10,6 +10,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from smg.protocol import codec
 from tests.conftest import MODEL
 
 VALID = {
@@ -84,7 +85,7 @@ def test_mutated_bodies_never_5xx(client: httpx.Client, body: dict[str, Any]) ->
 @given(value=json_values)
 def test_arbitrary_json_never_5xx(client: httpx.Client, value: Any) -> None:
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
-        _check(client.post(path, content=orjson.dumps(value), headers={"content-type": "application/json"}))
+        _check(client.post(path, content=codec.dumps(value), headers={"content-type": "application/json"}))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
