@@ -82,6 +82,22 @@ def _summary(call: Call) -> dict[str, Any]:
     return out
 
 
+def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
+    """The first event of every request; secrets are redacted before it is queued."""
+    headers: dict[str, str] = request.ctx.headers
+    return Received(
+        request_id=request.ctx.request_id,
+        method=request.method,
+        path=request.path,
+        query=request.query_string,
+        headers=redact_headers(headers),
+        body=redact_body(body.decode("utf-8", errors="replace")) if body else None,
+        client=request.ip or None,
+        tenant=tenant_of(gateway.config.api_key, headers, request.ip),
+        ts=time.time(),
+    )
+
+
 async def serve(request: Any, endpoint: Endpoint) -> None:
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
@@ -90,19 +106,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     responder = Responder(request)
     projection = Projection(rid)
     body: bytes = request.body or b""
-    await flow.emit(
-        Received(
-            request_id=rid,
-            method=request.method,
-            path=request.path,
-            query=request.query_string,
-            headers=redact_headers(headers),
-            body=redact_body(body.decode("utf-8", errors="replace")) if body else None,
-            client=request.ip or None,
-            tenant=tenant_of(gateway.config.api_key, headers, request.ip),
-            ts=time.time(),
-        )
-    )
+    await flow.emit(_received(request, gateway, body))
     disconnected = False
     stage = "admission"
     outcome = UsageReader()
@@ -181,20 +185,8 @@ async def refuse(request: Any, err: ApiError) -> Whole:
     returned response."""
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
-    headers: dict[str, str] = request.ctx.headers
     flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
-    await flow.emit(
-        Received(
-            request_id=rid,
-            method=request.method,
-            path=request.path,
-            query=request.query_string,
-            headers=redact_headers(headers),
-            client=request.ip or None,
-            tenant=tenant_of(gateway.config.api_key, headers, request.ip),
-            ts=time.time(),
-        )
-    )
+    await flow.emit(_received(request, gateway, b""))
     await flow.emit(Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code))
     error = Error(
         stage="admission",
