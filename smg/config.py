@@ -36,7 +36,8 @@ class GatewayConfig:
     retry: RetryConfig | None = field(default_factory=RetryConfig)
     health_check_interval_secs: float = 30.0
     request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
-    upstream_transport: str = "httpx"
+    upstream_transport: str = "aiohttp"  # measured faster: see tools/bench and the README
+    mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

@@ -62,12 +62,12 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
     )
 
     @app.before_server_start
-    async def _start(app: Sanic[Any, Any], _: Any) -> None:
+    async def _start(app: Sanic[Any, Any]) -> None:
         await journal.start()
         await backend.start()
 
     @app.after_server_stop
-    async def _stop(app: Sanic[Any, Any], _: Any) -> None:
+    async def _stop(app: Sanic[Any, Any]) -> None:
         await backend.close()
         await journal.close()
 

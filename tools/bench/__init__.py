@@ -1,0 +1,1 @@
+"""Benchmarks for the relay: ``load`` generates the traffic, ``relay`` runs the scenarios and reports."""
