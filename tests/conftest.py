@@ -33,6 +33,10 @@ class Scripted:
     def received(self) -> list[dict[str, Any]]:
         return httpx.get(f"{self.url}/_received").json()["requests"]
 
+    def release(self) -> None:
+        """Let a stream scripted with `hold_after` write the rest of its frames."""
+        httpx.post(f"{self.url}/_release").raise_for_status()
+
     def health(self, healthy: bool) -> None:
         httpx.post(f"{self.url}/_health", json={"healthy": healthy}).raise_for_status()
 

@@ -20,6 +20,8 @@ and never breaks the serving path. Keys (all optional):
   ``chunk_delay_ms`` between them), ``stream_echo: true`` (the default streaming echo), or
   ``drop: true`` (close the connection without answering);
 - ``drop_after`` (with ``sse`` or ``stream_echo``): close the connection after that many events.
+- ``hold_after`` (with ``sse`` or ``stream_echo``): after that many events, wait for
+  ``POST /_release`` before writing the rest (proves a relay streams as frames arrive).
 
 An answer with no body kind is the path's default answer when its status is 200, else an empty body.
 
@@ -49,7 +51,7 @@ SCRIPTABLE_PATHS = (MESSAGES, COUNT_TOKENS)
 
 _BODY_KINDS = ("json", "body", "sse", "stream_echo", "drop")
 _ANSWER_KEYS = frozenset(
-    (*_BODY_KINDS, "status", "headers", "delay_ms", "chunk_delay_ms", "drop_after")
+    (*_BODY_KINDS, "status", "headers", "delay_ms", "chunk_delay_ms", "drop_after", "hold_after")
 )
 _WORD = re.compile(r"\s*\S+")
 
@@ -79,6 +81,7 @@ class Answer:
     delay: float = 0.0
     chunk_delay: float = 0.0
     drop_after: int | None = None
+    hold_after: int | None = None
 
 
 @dataclass
@@ -86,11 +89,14 @@ class _State:
     queues: dict[str, deque[Answer]] = field(default_factory=dict)
     received: list[dict[str, Any]] = field(default_factory=list)
     healthy: bool = True
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reset(self) -> None:
         self.queues.clear()
         self.received.clear()
         self.healthy = True
+        self.released.set()
+        self.released = asyncio.Event()
 
     def next_answer(self, path: str) -> Answer | None:
         queue = self.queues.get(path)
@@ -178,6 +184,13 @@ def parse_answer(obj: Any) -> Answer:
         if answer.kind not in ("sse", "stream_echo"):
             raise ScriptError("drop_after needs sse or stream_echo")
         answer.drop_after = drop_after
+    if "hold_after" in obj:
+        hold_after = obj["hold_after"]
+        if isinstance(hold_after, bool) or not isinstance(hold_after, int) or hold_after < 0:
+            raise ScriptError("hold_after must be a non-negative integer")
+        if answer.kind not in ("sse", "stream_echo"):
+            raise ScriptError("hold_after needs sse or stream_echo")
+        answer.hold_after = hold_after
     return answer
 
 
@@ -367,12 +380,14 @@ async def _drop(request: Request) -> None:
     await asyncio.Event().wait()
 
 
-async def _stream(request: Request, answer: Answer, frames: list[bytes]) -> None:
+async def _stream(request: Request, answer: Answer, frames: list[bytes], state: _State) -> None:
     headers = {"content-type": "text/event-stream", "cache-control": "no-cache", **answer.headers}
     response = await request.respond(status=answer.status, headers=headers)
     for i, frame in enumerate(frames):
         if answer.drop_after is not None and i >= answer.drop_after:
             await _drop(request)
+        if answer.hold_after is not None and i == answer.hold_after:
+            await state.released.wait()  # until the test calls POST /_release
         if i and answer.chunk_delay:
             await asyncio.sleep(answer.chunk_delay)
         await response.send(frame)
@@ -397,7 +412,7 @@ async def _answer(
         kind == "default" and body and body.get("stream") is True
     ):
         frames = answer.frames if kind == "sse" else echo_frames(body or {}, config)
-        await _stream(request, answer, frames)
+        await _stream(request, answer, frames, state)
         return None
     if kind == "default":
         if body is None:
@@ -501,6 +516,12 @@ def create_app(config: WorkerConfig, name: str = "scripted_worker") -> Sanic:
             return _control_error("healthy must be a boolean")
         state.healthy = healthy
         return _json({"healthy": healthy})
+
+    @app.post("/_release", name="release")
+    async def release(request: Request) -> HTTPResponse:
+        state.released.set()
+        state.released = asyncio.Event()
+        return _json({"released": True})
 
     @app.post("/_reset", name="reset")
     async def reset(request: Request) -> HTTPResponse:

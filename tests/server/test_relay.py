@@ -301,3 +301,16 @@ def test_models_list_shapes(client: httpx.Client) -> None:
     assert one.json()["id"] == MODEL
     missing = client.get("/v1/models/nope", headers={"anthropic-version": "2023-06-01"})
     assert missing.status_code == 404 and missing.json()["type"] == "error"
+
+
+def test_frames_reach_the_client_while_the_worker_is_still_streaming(client: httpx.Client, scripted: Scripted) -> None:
+    """The worker holds the stream after its first frame until the test releases it: the
+    client can only read that frame first if the gateway relays as frames arrive."""
+    scripted.script({"stream_echo": True, "hold_after": 1})
+    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines) == "event: message_start"
+        assert next(lines).startswith('data: {"type":"message_start"')
+        scripted.release()
+        rest = list(lines)
+    assert "event: message_stop" in rest
