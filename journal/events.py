@@ -1,7 +1,9 @@
 """The events a request is made of, as small data classes registered by their `kind`.
 
 A request's life is the ordered sequence `received`, `validated` | `rejected`, `routed`,
-(`rendered`, `tokens`…) | (`upstream`…), `block`…, `error`?, `completed`. Each event is plain
+(`rendered`, `tokens`…) | (`upstream`…) | (MCP loop: `mcp_connect`…, `stream_opened`?, then
+per round `model_call`, `model_result`, `mcp_call`/`mcp_result`…), `block`…, `error`?,
+`completed`. Each event is plain
 data: `to_dict()` gives the JSON-ready payload that the journal stores and `event_from_dict`
 rebuilds the event from it. Timing (`t`, seconds since the request arrived) is stamped by
 whoever emits the event.
@@ -126,8 +128,11 @@ class Upstream(Event):
     """Relay backends: one part of the upstream response.
 
     `part` is `head` (status and headers), `chunk` (a piece of a streamed body, as it
-    arrived) or `body` (a whole buffered body). Text is stored as text; bytes that are not
-    UTF-8 are stored base64-encoded with `encoding="base64"`.
+    arrived) or `body` (a whole buffered body, as the client gets it). When the gateway
+    re-serializes a success body (the Anthropic backend does), the upstream's own bytes come
+    first as an `original` part, which only the journal keeps: projections ignore it. Text is
+    stored as text; bytes that are not UTF-8 are stored base64-encoded with
+    `encoding="base64"`.
     """
 
     kind: ClassVar[str] = "upstream"
@@ -147,12 +152,103 @@ class Upstream(Event):
 
 @_register
 @dataclass(slots=True)
+class StreamOpened(Event):
+    """The gateway started its own SSE response before it had any content to send.
+
+    The MCP tool loop does this before its first model call, so that even a failure of that
+    call reaches the client as an SSE `error` event (behaviors.md I.5).
+    """
+
+    kind: ClassVar[str] = "stream_opened"
+
+
+@_register
+@dataclass(slots=True)
 class Block(Event):
     """One Anthropic stream event (`message_start`, `content_block_*`, `message_delta`,
     `message_stop`) as its JSON payload."""
 
     kind: ClassVar[str] = "block"
     event: dict[str, Any]
+
+
+# --- the MCP tool loop (Anthropic backend, `X-SMG-MCP: enabled`) -----------------------------
+# Its rounds are journaled as they happen; the client-visible output is `block` events.
+# No secret is ever stored: server URLs lose their userinfo and tokens never appear.
+
+
+@_register
+@dataclass(slots=True)
+class McpConnect(Event):
+    """One `mcp_servers` entry: connected (with the tools it lists) or not (with why)."""
+
+    kind: ClassVar[str] = "mcp_connect"
+    server: str
+    url: str
+    ok: bool
+    tools: list[str] = field(default_factory=list)
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+@_register
+@dataclass(slots=True)
+class ModelCall(Event):
+    """The loop calls the model (round `round`, 1-based). The first call carries the whole
+    rewritten request (`request`); later ones only the messages appended since (`added`)."""
+
+    kind: ClassVar[str] = "model_call"
+    round: int
+    stream: bool = False
+    tools: list[str] = field(default_factory=list)
+    request: dict[str, Any] | None = None
+    added: list[dict[str, Any]] = field(default_factory=list)
+
+
+@_register
+@dataclass(slots=True)
+class ModelResult(Event):
+    """The model's answer to round `round`: status, outcome, and the upstream's bytes as
+    received (`data`: the JSON body, or the SSE text of a stream)."""
+
+    kind: ClassVar[str] = "model_result"
+    round: int
+    status: int
+    duration_ms: float = 0.0
+    stop_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    tool_uses: list[str] = field(default_factory=list)
+    data: str | None = None
+    encoding: str = "utf-8"
+
+
+@_register
+@dataclass(slots=True)
+class McpCall(Event):
+    """The loop runs one tool call of round `round` (`allowed` is the policy's decision)."""
+
+    kind: ClassVar[str] = "mcp_call"
+    round: int
+    server: str | None
+    tool: str
+    id: str
+    input: Any = None
+    allowed: bool = True
+
+
+@_register
+@dataclass(slots=True)
+class McpResult(Event):
+    """What a tool call gave back: its text (as sent to the model) and whether it failed."""
+
+    kind: ClassVar[str] = "mcp_result"
+    round: int
+    server: str | None
+    tool: str
+    id: str
+    is_error: bool = False
+    content: str = ""
+    duration_ms: float = 0.0
 
 
 @_register

@@ -16,10 +16,16 @@ from journal.events import (
     Completed,
     Error,
     Event,
+    McpCall,
+    McpConnect,
+    McpResult,
+    ModelCall,
+    ModelResult,
     Received,
     Rejected,
     Rendered,
     Routed,
+    StreamOpened,
     Tokens,
     Upstream,
     Validated,
@@ -159,6 +165,8 @@ def describe(event: Event) -> str:
             f"[{event.stage}] {event.status} {event.error_type}{_code(event.code)}:"
             f" {_clip(event.message)}"
         )
+    if isinstance(event, McpConnect | ModelCall | ModelResult | McpCall | McpResult | StreamOpened):
+        return _describe_mcp(event)
     if isinstance(event, Completed):
         parts = [f"{event.status} in {event.duration_ms:.1f}ms"]
         if event.stop_reason:
@@ -172,6 +180,36 @@ def describe(event: Event) -> str:
             parts.append("DISCONNECTED")
         return " ".join(parts)
     return _clip(repr(event.to_dict()))
+
+
+def _describe_mcp(event: Event) -> str:
+    if isinstance(event, McpConnect):
+        if event.ok:
+            tools = ", ".join(event.tools) or "no tools"
+            return f"{event.server} {event.url} ok in {event.duration_ms:.1f}ms: {_clip(tools)}"
+        return f"{event.server} {event.url} FAILED in {event.duration_ms:.1f}ms: {_clip(event.error or '')}"
+    if isinstance(event, ModelCall):
+        sent = "request" if event.request is not None else f"+{len(event.added)} messages"
+        stream = " stream" if event.stream else ""
+        return f"round {event.round}{stream} {sent} tools={len(event.tools)}"
+    if isinstance(event, ModelResult):
+        usage = event.usage or {}
+        calls = f" calls={','.join(event.tool_uses)}" if event.tool_uses else ""
+        return (
+            f"round {event.round} {event.status} in {event.duration_ms:.1f}ms stop={event.stop_reason}"
+            f" tokens={usage.get('input_tokens')}/{usage.get('output_tokens')}{calls}"
+        )
+    if isinstance(event, McpCall):
+        verdict = "" if event.allowed else " DENIED by policy"
+        args = _clip(repr(event.input), 40)
+        return f"round {event.round} {event.server}.{event.tool} {event.id} {args}{verdict}"
+    if isinstance(event, McpResult):
+        outcome = "error" if event.is_error else "ok"
+        return (
+            f"round {event.round} {event.server}.{event.tool} {outcome} in {event.duration_ms:.1f}ms"
+            f" {_clip(repr(event.content), 40)}"
+        )
+    return "SSE response started"
 
 
 def _describe_block(payload: dict[str, Any]) -> str:

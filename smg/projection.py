@@ -5,10 +5,12 @@ carry out (`Whole` for a buffered response, `Head`/`Send`/`End` for a stream). T
 server and `reconstruct` (journal views, replay) run the same code, so what the journal
 shows is what the client received.
 
-- Relay backends: `upstream` parts; a success passes through byte for byte, an error status
-  becomes the Messages envelope.
+- Relay backends: `upstream` parts; a success passes through byte for byte (an `original`
+  part, the upstream's bytes before the gateway re-serialized them, is the journal's alone),
+  an error status becomes the Messages envelope.
 - Engine backends: `block` events; a stream is their SSE frames, a buffered answer is the
   message they build.
+- `stream_opened`: a stream's head is sent before any block (the MCP tool loop).
 - Any `error` event: the envelope before the first byte, an SSE `error` frame after it.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from journal.events import Block, Error, Event, Received, Upstream, Validated
+from journal.events import Block, Error, Event, Received, StreamOpened, Upstream, Validated
 from smg.protocol.errors import envelope, error_from_upstream
 
 
@@ -85,6 +87,8 @@ class Projection:
             return self._block(event.event)
         if isinstance(event, Error):
             return self._error(event)
+        if isinstance(event, StreamOpened):
+            return self._open() if self.stream and not self.started else []
         return []
 
     def finish(self) -> list[Action]:
@@ -101,6 +105,8 @@ class Projection:
     # relay backends
 
     def _upstream(self, event: Upstream) -> list[Action]:
+        if event.part == "original":
+            return []
         if event.part == "head":
             self._head = event
             self._worker = event.worker
@@ -143,11 +149,7 @@ class Projection:
     def _block(self, payload: dict[str, Any]) -> list[Action]:
         kind = payload.get("type")
         if self.stream:
-            actions: list[Action] = []
-            if not self.started:
-                self.started = True
-                self.status = 200
-                actions.append(Head(200, {**SSE_HEADERS, "x-request-id": self.request_id}))
+            actions: list[Action] = [] if self.started else self._open()
             actions.append(Send(sse_frame(payload)))
             if kind == "message_stop":
                 self.done = True
@@ -160,6 +162,11 @@ class Projection:
             body = orjson.dumps(self._message)
             return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
         return []
+
+    def _open(self) -> list[Action]:
+        self.started = True
+        self.status = 200
+        return [Head(200, {**SSE_HEADERS, "x-request-id": self.request_id})]
 
     # failures
 

@@ -47,6 +47,7 @@ def build_config(
     retry_max_retries: int,
     health_check_interval_secs: float,
     upstream_transport: str,
+    mcp_config_path: Path | None = None,
 ) -> GatewayConfig:
     if not worker_urls:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000)")
@@ -62,10 +63,21 @@ def build_config(
     if backend is not None:
         if backend in _ENGINE_RUNTIMES or backend == "openai":
             pass  # the relay serves any engine that implements the Messages API over HTTP
-        elif backend in ("anthropic", "gemini"):
+        elif backend == "anthropic":
+            pass  # the worker URLs are Anthropic API origins (e.g. https://api.anthropic.com)
+        elif backend == "gemini":
             raise LaunchError(f"--backend {backend} is not supported by this gateway yet")
         else:
             raise LaunchError(f"unknown --backend {backend!r}")
+    if mcp_config_path is not None:
+        from smg.mcp import McpConfigError, load_mcp_config
+
+        try:
+            load_mcp_config(mcp_config_path)
+        except McpConfigError as exc:
+            raise LaunchError(str(exc)) from None
+        if backend != "anthropic":
+            log.warning("--mcp-config-path is used only by the MCP tool loop of --backend anthropic")
     if model_path or tokenizer_path:
         log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
     if log_level.lower() not in _LOG_LEVELS:
@@ -91,17 +103,26 @@ def build_config(
         retry=RetryConfig(max_retries=retry_max_retries) if retry_max_retries > 0 else None,
         health_check_interval_secs=health_check_interval_secs,
         upstream_transport=upstream_transport,
+        mcp_config_path=mcp_config_path,
     )
 
 
 def run(config: GatewayConfig) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
-    from smg.backends.http.relay import HttpRelayBackend
+    from smg.backends.base import Backend
     from smg.server.app import build_app
 
     registry = WorkerRegistry()
-    backend = HttpRelayBackend(config, registry, list(config.worker_urls))
+    backend: Backend
+    if config.backend == "anthropic":
+        from smg.backends.anthropic import AnthropicBackend
+
+        backend = AnthropicBackend(config, registry, list(config.worker_urls))
+    else:
+        from smg.backends.http.relay import HttpRelayBackend
+
+        backend = HttpRelayBackend(config, registry, list(config.worker_urls))
     journal = JournalWriter(config.journal_path) if config.journal_path else NullJournal()
     app = build_app(config, backend, journal)
     log.info(

@@ -11,7 +11,9 @@ import typer
 
 from smg.cli.journal import journal_app
 
-app = typer.Typer(help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True)
+app = typer.Typer(
+    help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
+)
 app.add_typer(journal_app, name="journal")
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
@@ -30,7 +32,6 @@ NOT_YET = {
     "--reasoning-parser": "reasoning parsers (gRPC workers)",
     "--chat-template": "chat templates (gRPC workers)",
     "--disable-tokenizer-autoload": "the tokenizer registry (gRPC workers)",
-    "--mcp-config-path": "the MCP tool loop",
     "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
     "--max-concurrent-requests": "concurrency admission",
     "--tenant-rate-limit-enabled": "tenant rate limiting",
@@ -96,6 +97,10 @@ def launch(
     upstream_transport: Annotated[
         str, typer.Option(help="Upstream HTTP transport: httpx or aiohttp.", hidden=True)
     ] = "httpx",
+    mcp_config_path: Annotated[
+        Path | None,
+        typer.Option(help="MCP tool loop policy file, YAML or JSON (see smg.mcp.config); --backend anthropic."),
+    ] = None,
 ) -> None:
     """Start the gateway."""
     from smg.cli.launch import LaunchError, build_config, run
@@ -109,7 +114,7 @@ def launch(
         raise typer.BadParameter(f"unexpected argument {extra!r}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The upstream client would log every request at INFO: far too much on the hot path.
-    for noisy in ("httpx", "httpcore"):
+    for noisy in ("httpx", "httpcore", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = build_config(
@@ -129,6 +134,7 @@ def launch(
             retry_max_retries=0 if disable_retries else retry_max_retries,
             health_check_interval_secs=health_check_interval_secs,
             upstream_transport=upstream_transport,
+            mcp_config_path=mcp_config_path,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)

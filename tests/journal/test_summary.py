@@ -9,10 +9,16 @@ from journal.events import (
     Completed,
     Error,
     Event,
+    McpCall,
+    McpConnect,
+    McpResult,
+    ModelCall,
+    ModelResult,
     Received,
     Rejected,
     Rendered,
     Routed,
+    StreamOpened,
     Tokens,
     Upstream,
     Validated,
@@ -159,6 +165,12 @@ def test_describe_every_kind() -> None:
         Block(event={"type": "content_block_delta", "index": 0, "delta": {"text": "hi\n"}}),
         Error(stage="backend", status=500, error_type="api_error", message="boom"),
         Completed(status=200, duration_ms=1.25, usage={"input_tokens": 1, "output_tokens": 2}),
+        StreamOpened(),
+        McpConnect(server="s", url="http://m/mcp", ok=False, error="ConnectError: refused", duration_ms=2.0),
+        ModelCall(round=2, stream=True, tools=["a"], added=[{"role": "user", "content": []}]),
+        ModelResult(round=2, status=200, stop_reason="tool_use", usage={"input_tokens": 3}, tool_uses=["a", "b"]),
+        McpCall(round=2, server="s", tool="a", id="mcptoolu_1", input={"q": "x" * 300}, allowed=False),
+        McpResult(round=2, server="s", tool="a", id="mcptoolu_1", is_error=True, content="no\n" * 100),
     ]
     assert sorted({e.kind for e in samples}) == event_kinds()
     for event in samples:
@@ -166,3 +178,5 @@ def test_describe_every_kind() -> None:
         assert line and "\n" not in line and len(line) < 200, (event.kind, line)
     assert describe(samples[7]) == "content_block_delta #0 'hi\\n'"
     assert "attempt=2" in describe(samples[3])
+    assert describe(samples[12]).startswith("round 2 stream +1 messages")
+    assert "calls=a,b" in describe(samples[13]) and "DENIED" in describe(samples[14])

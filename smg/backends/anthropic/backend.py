@@ -1,0 +1,147 @@
+"""`--backend anthropic`: the gateway in front of the Anthropic API itself.
+
+Each worker URL is an API origin serving any model (a wildcard worker); requests go to
+`<url>/v1/messages` with exactly the client's credentials (`headers.py`). A stream is relayed as
+it arrives; a non-streaming success is parsed into the gateway's Message model and
+re-serialized, the upstream's own bytes journaled as an `original` part beside the `body` the
+client gets; an error keeps its status and is re-shaped by the projection. count_tokens is 501.
+A request with `X-SMG-MCP: enabled` and an `mcp_toolset` runs the MCP tool loop instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+
+import httpx
+
+from journal.events import Error, Event, Routed, Upstream
+from journal.pieces import TextPieces, text_piece
+from smg.backends.anthropic.headers import upstream_headers
+from smg.backends.anthropic.upstream import AnthropicModel, describe, open_response, read_body
+from smg.backends.base import Call, ModelCard
+from smg.backends.http.client import make_client
+from smg.backends.http.headers import relayed_response_headers
+from smg.backends.http.relay import relay_body
+from smg.config import GatewayConfig
+from smg.mcp import LoopRequest, McpConfig, load_mcp_config, run_loop, wants_loop
+from smg.protocol import codec
+from smg.protocol.errors import ApiError
+from smg.protocol.response import message_to_dict, parse_message_response
+from smg.routing.workers import Worker, WorkerRegistry
+
+log = logging.getLogger("smg.anthropic")
+
+MESSAGES_PATH = "/v1/messages"
+_ERROR_BODY_LIMIT = 1 << 20
+
+
+def reserialize(raw: bytes) -> bytes:
+    """A success body parsed into the Message model and written back out (unmodeled fields
+    dropped, null optionals omitted). Raises 502 `parse_error` when it does not parse."""
+    try:
+        message = parse_message_response(codec.loads(raw))
+    except (codec.BodyDecodeError, ValueError) as exc:
+        log.warning("unparseable response from the Anthropic API: %s", exc)
+        raise ApiError(502, "Invalid response from backend", code="parse_error") from None
+    return codec.dumps(message_to_dict(message))
+
+
+class AnthropicBackend:
+    """Forwards Messages requests to the Anthropic API (any model, wildcard workers)."""
+
+    name = "anthropic"
+
+    def __init__(self, config: GatewayConfig, registry: WorkerRegistry, urls: list[str]) -> None:
+        self._config = config
+        self._registry = registry
+        self._urls = [u.rstrip("/") for u in urls]
+        self._client: httpx.AsyncClient | None = None
+        self.mcp: McpConfig = load_mcp_config(Path(config.mcp_config_path) if config.mcp_config_path else None)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("backend not started")
+        return self._client
+
+    async def start(self) -> None:
+        client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
+        # No header of the gateway's own (user-agent, accept…) may reach the API: only the
+        # client's forwarded ones, plus what HTTP itself needs (host, content-length).
+        for name in list(client.headers.keys()):
+            del client.headers[name]
+        self._client = client
+        for url in self._urls:
+            self._registry.add(Worker(url=url, kind="anthropic", wildcard=True, healthy=True, discovered=True))
+
+    async def close(self) -> None:
+        if self._client:
+            await self._client.aclose()
+
+    def models(self) -> list[ModelCard]:
+        # The API serves whatever models the caller's key may use: nothing to list up front.
+        return []
+
+    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        if call.endpoint == "count_tokens":
+            raise ApiError(501, "count_tokens is not implemented for the Anthropic API backend", code="not_implemented")
+        worker = self._registry.select(call.model)
+        yield Routed(backend=self.name, worker=worker.url, model=call.model, policy="round_robin")
+        url = worker.url + MESSAGES_PATH
+        headers = upstream_headers(call.headers)
+        if wants_loop(call.headers, call.request):
+            model = AnthropicModel(self.client, url, headers, self._config.max_payload_size)
+            request = LoopRequest(body=call.body, request=call.request, model=call.model, stream=call.stream)
+            async for event in run_loop(request, model, self.mcp):
+                yield event
+            return
+        response = await open_response(self.client, url, relay_body(call), headers)
+        try:
+            async for event in self._relay(call, worker, response):
+                yield event
+        finally:
+            await response.aclose()
+
+    async def _relay(self, call: Call, worker: Worker, response: httpx.Response) -> AsyncIterator[Event]:
+        status = response.status_code
+        if status >= 400:
+            # The projection re-shapes it: an Anthropic-shaped body keeps its error, gains our request_id.
+            head = relayed_response_headers(response.headers.multi_items())
+            yield Upstream(part="head", status=status, headers=head, worker=worker.url)
+            raw = await read_body(response, _ERROR_BODY_LIMIT)
+            data, encoding = text_piece(raw)
+            yield Upstream(part="body", data=data, encoding=encoding)
+            return
+        if call.stream:
+            head = relayed_response_headers(response.headers.multi_items())
+            head["content-type"] = "text/event-stream"
+            head["cache-control"] = "no-cache"
+            yield Upstream(part="head", status=status, headers=head, worker=worker.url)
+            pieces = TextPieces()
+            try:
+                async for chunk in response.aiter_bytes():
+                    piece = pieces.feed(chunk)
+                    if piece:
+                        yield Upstream(part="chunk", data=piece[0], encoding=piece[1])
+            except httpx.HTTPError as exc:
+                message = f"Upstream stream ended unexpectedly: {describe(exc)}"
+                yield Error(
+                    stage="upstream",
+                    status=502,
+                    error_type="api_error",
+                    message=message,
+                    code="upstream_stream_interrupted",
+                )
+                return
+            tail = pieces.flush()
+            if tail:
+                yield Upstream(part="chunk", data=tail[0], encoding=tail[1])
+            return
+        # Non-streaming success: upstream headers are not copied; the body is re-serialized.
+        yield Upstream(part="head", status=200, headers={"content-type": "application/json"}, worker=worker.url)
+        raw = await read_body(response, self._config.max_payload_size)
+        data, encoding = text_piece(raw)
+        yield Upstream(part="original", status=status, data=data, encoding=encoding)
+        yield Upstream(part="body", data=reserialize(raw).decode("utf-8"))
