@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from smg.protocol.errors import describe_exception
+
 log = logging.getLogger("smg.mcp")
 
 
@@ -69,14 +71,6 @@ class ConnectOutcome:
     tools: list[McpTool] = field(default_factory=list)
     error: str | None = None
     duration_ms: float = 0.0
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line account of a failure; exception groups (anyio's) are unwrapped."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def result_text(result: Any) -> str:
@@ -144,7 +138,7 @@ class _Connection:
             self._fail(ConnectionError("MCP session closed"))
 
     def _fail(self, exc: BaseException) -> None:
-        error = exc if isinstance(exc, Exception) else ConnectionError(describe(exc))
+        error = exc if isinstance(exc, Exception) else ConnectionError(describe_exception(exc))
         if not self.ready.done():
             self.ready.set_exception(error)
         for future in [self._current, *self._drain()]:
@@ -227,7 +221,11 @@ class McpConnections:
         except Exception as exc:
             self._connections.pop(spec.name, None)
             await connection.close(grace=0)
-            error = f"no answer within {self._connect_timeout:g}s" if isinstance(exc, TimeoutError) else describe(exc)
+            error = (
+                f"no answer within {self._connect_timeout:g}s"
+                if isinstance(exc, TimeoutError)
+                else describe_exception(exc)
+            )
             log.warning("MCP server %s (%s) did not connect: %s", spec.name, spec.public_url, error)
             return outcome(False, error=error)
         return outcome(True, tools)
@@ -247,7 +245,7 @@ class McpConnections:
             result = await connection.call(tool, arguments)
             outcome = ToolOutcome(result_text(result), bool(getattr(result, "is_error", False)))
         except Exception as exc:
-            outcome = ToolOutcome(f"MCP tool call failed: {describe(exc)}", True)
+            outcome = ToolOutcome(f"MCP tool call failed: {describe_exception(exc)}", True)
         outcome.duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         return outcome
 

@@ -137,3 +137,12 @@ def error_from_upstream(status: int, body: bytes, headers: dict[str, str] | None
         headers=kept,
         error_type=error_type,
     )
+
+
+def describe_exception(exc: BaseException) -> str:
+    """How a failure reads in an error message: `ConnectError: [Errno 111] …`. Exception
+    groups (anyio's, from the MCP SDK) are unwrapped to their first cause."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

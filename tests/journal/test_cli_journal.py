@@ -19,9 +19,7 @@ WIDE = {"COLUMNS": "220"}
 
 
 def ok_request() -> list[Event]:
-    body = json.dumps(
-        {"model": "claude-x", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
-    )
+    body = json.dumps({"model": "claude-x", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]})
     return [
         Received(
             method="POST",
@@ -143,9 +141,7 @@ def test_journal_from_environment(sample_journal: Path) -> None:
 
 
 def test_show_timeline_request_and_response(sample_journal: Path) -> None:
-    result = runner.invoke(
-        journal_app, ["show", "req_0123", "--journal", str(sample_journal)], env=WIDE
-    )
+    result = runner.invoke(journal_app, ["show", "req_0123", "--journal", str(sample_journal)], env=WIDE)
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "req_0123456789ok" in out
@@ -179,9 +175,7 @@ def test_show_json(sample_journal: Path) -> None:
 
 def test_show_without_projection(sample_journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "smg.projection", None)  # makes the import fail
-    result = runner.invoke(
-        journal_app, ["show", "req_0123", "--journal", str(sample_journal)], env=WIDE
-    )
+    result = runner.invoke(journal_app, ["show", "req_0123", "--journal", str(sample_journal)], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "message_stop" in result.stdout
     assert "response view unavailable" in result.stdout

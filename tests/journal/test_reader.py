@@ -24,9 +24,7 @@ async def sample_journal(tmp_path: Path) -> Path:
     writer = JournalWriter(path)
     await writer.start()
     for i, request_id in enumerate(["req_aaa111", "req_aaa222", "req_bbb333", "req_b"]):
-        await writer.append(
-            request_id, 0, Received(method="POST", path="/v1/messages", ts=100.0 + i)
-        )
+        await writer.append(request_id, 0, Received(method="POST", path="/v1/messages", ts=100.0 + i))
         await writer.append(request_id, 1, Completed(status=200, duration_ms=1.0, t=0.001))
     await writer.close()
     return path

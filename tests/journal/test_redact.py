@@ -80,9 +80,7 @@ async def test_no_secret_reaches_the_database_file(tmp_path: Path) -> None:
         {
             "model": "m",
             "messages": [{"role": "user", "content": "hi"}],
-            "mcp_servers": [
-                {"type": "url", "url": "http://mcp", "name": "s", "authorization_token": secrets[2]}
-            ],
+            "mcp_servers": [{"type": "url", "url": "http://mcp", "name": "s", "authorization_token": secrets[2]}],
         }
     )
     path = tmp_path / "j.db"
@@ -112,9 +110,7 @@ async def test_no_secret_reaches_the_database_file(tmp_path: Path) -> None:
             summary={"mcp_servers": [{"name": "s", "authorization_token": secrets[2]}]},
         ),
     )
-    await writer.append(
-        "req_1", 2, Upstream(part="head", status=200, headers={"Set-Cookie": secrets[3]})
-    )
+    await writer.append("req_1", 2, Upstream(part="head", status=200, headers={"Set-Cookie": secrets[3]}))
     await writer.append("req_1", 3, Completed(status=200, duration_ms=1.0))
     await writer.flush()
     files = [p for p in tmp_path.iterdir() if p.name.startswith("j.db")]
@@ -133,9 +129,7 @@ async def test_no_secret_reaches_the_database_file(tmp_path: Path) -> None:
     assert received.headers["Authorization"] == marker(f"Bearer {secrets[0]}")
     assert received.headers["x-api-key"] == marker(secrets[1])
     assert received.body is not None
-    assert json.loads(received.body)["mcp_servers"][0]["authorization_token"] == marker(
-        secrets[2]
-    )
+    assert json.loads(received.body)["mcp_servers"][0]["authorization_token"] == marker(secrets[2])
     assert isinstance(validated, Validated)
     assert validated.summary["mcp_servers"][0]["authorization_token"] == marker(secrets[2])
     assert isinstance(upstream, Upstream)

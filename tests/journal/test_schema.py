@@ -19,12 +19,8 @@ def test_version_one_creates_everything(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"events", "requests"} <= tables
-        indexes = {
-            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
-        }
-        assert {"requests_ts", "requests_model", "requests_status", "requests_error_code"} <= (
-            indexes
-        )
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert {"requests_ts", "requests_model", "requests_status", "requests_error_code"} <= (indexes)
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
         assert columns == schema.REQUEST_COLUMNS
         event_columns = [r[1] for r in conn.execute("PRAGMA table_info(events)")]

@@ -77,10 +77,14 @@ def test_upstream_error_sequence(client: httpx.Client, scripted: Scripted, journ
     assert reconstruct(events).body == response.content
 
 
-def test_client_disconnect_mid_stream_is_journaled(client: httpx.Client, scripted: Scripted, journal_path: Path) -> None:
+def test_client_disconnect_mid_stream_is_journaled(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
     frames = [{"event": "ping", "data": {"type": "ping"}}] * 200
     scripted.script({"sse": frames, "chunk_delay_ms": 20})
-    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "seq-gone-1"}) as r:
+    with client.stream(
+        "POST", "/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "seq-gone-1"}
+    ) as r:
         next(r.iter_raw())  # the first bytes arrive, then the client hangs up
     events = wait_for_events(journal_path, "seq-gone-1")
     completed = events[-1]

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import httpx
 
-from journal.events import Error, Event, Routed, Upstream
-from journal.pieces import TextPieces, text_piece
+from journal.events import Event, Routed, Upstream
+from journal.pieces import text_piece
 from smg.backends.anthropic.headers import upstream_headers
-from smg.backends.anthropic.upstream import AnthropicModel, describe, open_response, read_body
+from smg.backends.anthropic.upstream import AnthropicModel, open_response, read_body
 from smg.backends.base import Call, ModelCard
 from smg.backends.http.client import make_client
 from smg.backends.http.headers import relayed_response_headers
 from smg.backends.http.relay import relay_body
+from smg.backends.upstream import stream_parts
 from smg.config import GatewayConfig
 from smg.mcp import LoopRequest, McpConfig, load_mcp_config, run_loop, wants_loop
 from smg.protocol import codec
@@ -119,25 +120,8 @@ class AnthropicBackend:
             head["content-type"] = "text/event-stream"
             head["cache-control"] = "no-cache"
             yield Upstream(part="head", status=status, headers=head, worker=worker.url)
-            pieces = TextPieces()
-            try:
-                async for chunk in response.aiter_bytes():
-                    piece = pieces.feed(chunk)
-                    if piece:
-                        yield Upstream(part="chunk", data=piece[0], encoding=piece[1])
-            except httpx.HTTPError as exc:
-                message = f"Upstream stream ended unexpectedly: {describe(exc)}"
-                yield Error(
-                    stage="upstream",
-                    status=502,
-                    error_type="api_error",
-                    message=message,
-                    code="upstream_stream_interrupted",
-                )
-                return
-            tail = pieces.flush()
-            if tail:
-                yield Upstream(part="chunk", data=tail[0], encoding=tail[1])
+            async for event in stream_parts(response):
+                yield event
             return
         # Non-streaming success: upstream headers are not copied; the body is re-serialized.
         yield Upstream(part="head", status=200, headers={"content-type": "application/json"}, worker=worker.url)

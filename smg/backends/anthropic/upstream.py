@@ -14,25 +14,21 @@ from typing import Any
 import httpx
 
 from smg.backends.anthropic.sse import SseDecoder, SseError
+from smg.backends.upstream import BodyTooLarge, read_capped
 from smg.mcp.model import ModelReply, ModelStreamError
 from smg.protocol import codec
-from smg.protocol.errors import ApiError
+from smg.protocol.errors import ApiError, describe_exception
 
 MAX_ERROR_BODY = 1 << 20
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def send_failure(exc: httpx.HTTPError) -> ApiError:
     """The gateway's answer when a request to the Anthropic API fails in transport."""
     if isinstance(exc, httpx.TimeoutException):
-        return ApiError(504, f"Request timeout: {describe(exc)}", code="timeout")
+        return ApiError(504, f"Request timeout: {describe_exception(exc)}", code="timeout")
     if isinstance(exc, httpx.ConnectError):
-        return ApiError(502, f"Connection failed: {describe(exc)}", code="connection_failed")
-    return ApiError(502, f"Request failed: {describe(exc)}", code="request_failed")
+        return ApiError(502, f"Connection failed: {describe_exception(exc)}", code="connection_failed")
+    return ApiError(502, f"Request failed: {describe_exception(exc)}", code="request_failed")
 
 
 async def open_response(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
@@ -47,17 +43,12 @@ async def open_response(client: httpx.AsyncClient, url: str, body: bytes, header
 async def read_body(response: httpx.Response, limit: int) -> bytes:
     """The whole body, at most `limit` bytes. Raises `ApiError` (a transport failure or a body
     too large to be an answer)."""
-    parts: list[bytes] = []
-    size = 0
     try:
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(502, f"Response from backend larger than {limit} bytes", code="parse_error")
-            parts.append(chunk)
+        return await read_capped(response, limit)
+    except BodyTooLarge:
+        raise ApiError(502, f"Response from backend larger than {limit} bytes", code="parse_error") from None
     except httpx.HTTPError as exc:
         raise send_failure(exc) from None
-    return b"".join(parts)
 
 
 class _Stream:
@@ -80,7 +71,7 @@ class _Stream:
             for payload in decoder.flush():
                 yield payload
         except httpx.HTTPError as exc:
-            raise ModelStreamError(f"Stream read error: {describe(exc)}") from None
+            raise ModelStreamError(f"Stream read error: {describe_exception(exc)}") from None
         except SseError as exc:
             raise ModelStreamError(f"Failed to parse SSE data: {exc}") from None
 

@@ -16,14 +16,15 @@ from collections.abc import AsyncGenerator
 import httpx
 
 from journal.events import Error, Event, Routed, Upstream
-from journal.pieces import TextPieces, text_piece
+from journal.pieces import text_piece
 from smg.backends.base import Call, ModelCard
 from smg.backends.http.client import make_client
 from smg.backends.http.discovery import check_health, discover
 from smg.backends.http.headers import forwarded_request_headers, relayed_response_headers
+from smg.backends.upstream import BodyTooLarge, read_capped, stream_parts
 from smg.config import GatewayConfig, RetryConfig
 from smg.protocol import codec
-from smg.protocol.errors import ApiError
+from smg.protocol.errors import ApiError, describe_exception
 from smg.routing.workers import Worker, WorkerRegistry
 
 log = logging.getLogger("smg.relay")
@@ -163,11 +164,13 @@ class HttpRelayBackend:
                     self.client.build_request("POST", url, content=body, headers=headers), stream=True
                 )
             except httpx.TimeoutException as exc:
-                failure = ApiError(504, f"{_describe(exc)}. URL: {url}", code="call_upstream_timeout")
+                failure = ApiError(504, f"{describe_exception(exc)}. URL: {url}", code="call_upstream_timeout")
                 continue
             except httpx.HTTPError as exc:
-                worker.record_failure(_describe(exc), refused=isinstance(exc, httpx.ConnectError))
-                failure = ApiError(502, f"{_describe(exc)}. URL: {url}", code="call_upstream_connection_failed")
+                worker.record_failure(describe_exception(exc), refused=isinstance(exc, httpx.ConnectError))
+                failure = ApiError(
+                    502, f"{describe_exception(exc)}. URL: {url}", code="call_upstream_connection_failed"
+                )
                 continue
 
             worker.record_success()
@@ -201,42 +204,18 @@ class HttpRelayBackend:
         yield Upstream(part="head", status=status, headers=head, worker=worker.url)
         try:
             if streaming:
-                pieces = TextPieces()
-                async for chunk in response.aiter_bytes():
-                    piece = pieces.feed(chunk)
-                    if piece:
-                        yield Upstream(part="chunk", data=piece[0], encoding=piece[1])
-                tail = pieces.flush()
-                if tail:
-                    yield Upstream(part="chunk", data=tail[0], encoding=tail[1])
-            else:
-                raw = await _read_capped(response, self._config.max_payload_size)
-                data, encoding = text_piece(raw)
-                yield Upstream(part="body", data=data, encoding=encoding)
-        except httpx.HTTPError as exc:
-            message = f"Upstream stream ended unexpectedly: {_describe(exc)}"
-            yield Error(
-                stage="upstream",
-                status=502,
-                error_type="api_error",
-                message=message,
-                code="upstream_stream_interrupted",
-            )
+                async for event in stream_parts(response):
+                    yield event
+                return
+            try:
+                raw = await read_capped(response, self._config.max_payload_size)
+            except (httpx.HTTPError, BodyTooLarge) as exc:
+                message = f"Upstream body could not be read: {describe_exception(exc)}"
+                yield Error(
+                    stage="upstream", status=502, error_type="api_error", message=message, code="upstream_read_failed"
+                )
+                return
+            data, encoding = text_piece(raw)
+            yield Upstream(part="body", data=data, encoding=encoding)
         finally:
             await response.aclose()
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise httpx.DecodingError(f"upstream body larger than {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
