@@ -112,10 +112,7 @@ def show(
         _echo_json(
             {
                 "request": row,
-                "events": [
-                    {"seq": seq, "kind": kind, "t": t, "data": data}
-                    for seq, kind, t, data in raw
-                ],
+                "events": [{"seq": seq, "kind": kind, "t": t, "data": data} for seq, kind, t, data in raw],
                 "response": None
                 if response is None
                 else {
@@ -173,9 +170,7 @@ def _fit_table(console: Console, title: str, cells: list[dict[str, str]]) -> Tab
         table = Table(title=title, title_justify="left")
         for name in _ORDER:
             if name in shown:
-                table.add_column(
-                    name, no_wrap=True, justify="right" if name in _RIGHT else "left"
-                )
+                table.add_column(name, no_wrap=True, justify="right" if name in _RIGHT else "left")
         for row in cells:
             table.add_row(*(row[name] for name in _ORDER if name in shown))
         width = Measurement.get(console, console.options.update_width(10_000), table).maximum

@@ -125,9 +125,7 @@ def run(config: GatewayConfig) -> None:
         backend = HttpRelayBackend(config, registry, list(config.worker_urls))
     journal = JournalWriter(config.journal_path) if config.journal_path else NullJournal()
     app = build_app(config, backend, journal)
-    log.info(
-        "smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off"
-    )
+    log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     app.run(
         host=config.host,
         port=config.port,

@@ -86,9 +86,9 @@ def launch(
     ] = None,
     request_timeout_secs: Annotated[float, typer.Option(help="Upstream request timeout.")] = 1800.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    journal: Annotated[
-        Path, typer.Option("--journal", help="SQLite journal file.", envvar="SMG_JOURNAL")
-    ] = Path("smg-journal.db"),
+    journal: Annotated[Path, typer.Option("--journal", help="SQLite journal file.", envvar="SMG_JOURNAL")] = Path(
+        "smg-journal.db"
+    ),
     no_journal: Annotated[bool, typer.Option("--no-journal", help="Record nothing.")] = False,
     max_payload_size: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 536_870_912,
     retry_max_retries: Annotated[int, typer.Option(help="Upstream retries per request.")] = 5,

@@ -14,28 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from smg.mcp.client import McpTool, ServerSpec
-from smg.protocol.request import CreateMessageRequest
+from smg.protocol.request import OPTIONAL_FIELDS, CreateMessageRequest
 from smg.protocol.tools import McpToolset
-
-# Modeled optional fields: an explicit null is the same as absent and is not sent.
-_OPTIONAL_FIELDS = frozenset(
-    {
-        "system",
-        "stream",
-        "temperature",
-        "top_p",
-        "top_k",
-        "stop_sequences",
-        "tools",
-        "tool_choice",
-        "thinking",
-        "metadata",
-        "service_tier",
-        "container",
-        "mcp_servers",
-        "rid",
-    }
-)
 
 
 def toolsets(request: CreateMessageRequest) -> list[McpToolset]:
@@ -95,7 +75,7 @@ def _definition(tool: McpTool, defer: bool) -> dict[str, Any]:
 
 def rewrite_request(body: Mapping[str, Any], model: str, tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The client's body as the model receives it in the loop (unknown fields kept)."""
-    out = {k: v for k, v in body.items() if k != "mcp_servers" and not (v is None and k in _OPTIONAL_FIELDS)}
+    out = {k: v for k, v in body.items() if k != "mcp_servers" and not (v is None and k in OPTIONAL_FIELDS)}
     out["model"] = model
     kept = [t for t in body.get("tools") or () if not (isinstance(t, dict) and t.get("type") == "mcp_toolset")]
     all_tools = kept + list(tools)

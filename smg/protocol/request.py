@@ -208,3 +208,10 @@ class CountTokensRequest(BaseModel):
     tools: ToolList | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+
+
+# The modeled optional fields of a Messages request: an explicit `null` on one of them means
+# the same as leaving it out, and a re-serialized body omits it.
+OPTIONAL_FIELDS: frozenset[str] = frozenset(
+    name for name, info in CreateMessageRequest.model_fields.items() if not info.is_required()
+)

@@ -25,31 +25,13 @@ from smg.backends.upstream import BodyTooLarge, read_capped, stream_parts
 from smg.config import GatewayConfig, RetryConfig
 from smg.protocol import codec
 from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.request import OPTIONAL_FIELDS
 from smg.routing.workers import Worker, WorkerRegistry
 
 log = logging.getLogger("smg.relay")
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _PATHS = {"messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}
-# Modeled optional fields: an explicit null is the same as absent and is not forwarded.
-_OPTIONAL_FIELDS = frozenset(
-    {
-        "system",
-        "stream",
-        "temperature",
-        "top_p",
-        "top_k",
-        "stop_sequences",
-        "tools",
-        "tool_choice",
-        "thinking",
-        "metadata",
-        "service_tier",
-        "container",
-        "mcp_servers",
-        "rid",
-    }
-)
 
 
 def relay_body(call: Call) -> bytes:
@@ -59,9 +41,9 @@ def relay_body(call: Call) -> bytes:
     key order and unknown field exactly as sent; otherwise the parsed body is re-serialized.
     """
     body = call.body
-    if not call.alias_used and not any(body.get(k, 0) is None for k in _OPTIONAL_FIELDS) and call.raw:
+    if not call.alias_used and not any(body.get(k, 0) is None for k in OPTIONAL_FIELDS) and call.raw:
         return call.raw
-    body = {k: v for k, v in body.items() if not (v is None and k in _OPTIONAL_FIELDS)}
+    body = {k: v for k, v in body.items() if not (v is None and k in OPTIONAL_FIELDS)}
     if "model" in body:
         body["model"] = call.model
     return codec.dumps(body)
