@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig, RetryConfig
 from smg.routing.workers import WorkerRegistry, worker_kind
 
@@ -80,6 +81,8 @@ def build_config(
             log.warning("--mcp-config-path is used only by the MCP tool loop of --backend anthropic")
     if model_path or tokenizer_path:
         log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
+    if upstream_transport not in TRANSPORTS:
+        raise LaunchError(f"--upstream-transport must be one of {', '.join(TRANSPORTS)}")
     if log_level.lower() not in _LOG_LEVELS:
         raise LaunchError(f"--log-level must be one of {', '.join(_LOG_LEVELS)}")
     if not 0 < port < 65536:

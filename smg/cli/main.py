@@ -95,8 +95,8 @@ def launch(
     disable_retries: Annotated[bool, typer.Option("--disable-retries", help="Never retry upstream.")] = False,
     health_check_interval_secs: Annotated[float, typer.Option(help="Seconds between worker health checks.")] = 30.0,
     upstream_transport: Annotated[
-        str, typer.Option(help="Upstream HTTP transport: httpx or aiohttp.", hidden=True)
-    ] = "httpx",
+        str, typer.Option(help="Upstream HTTP client transport: aiohttp (faster, see make bench) or httpx.")
+    ] = "aiohttp",
     mcp_config_path: Annotated[
         Path | None,
         typer.Option(help="MCP tool loop policy file, YAML or JSON (see smg.mcp.config); --backend anthropic."),

@@ -131,7 +131,7 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
 
     @app.get("/readiness", name="readiness")
     async def _readiness(request: Any) -> HTTPResponse:
-        ready = bool(request.app.ctx.gateway.backend.models())
+        ready = request.app.ctx.gateway.backend.ready()
         return json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
 
     @app.exception(SanicException)

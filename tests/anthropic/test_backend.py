@@ -235,3 +235,7 @@ def test_an_upstream_that_hangs_up_is_502_request_failed(impatient_gateway: Spaw
     assert response.status_code == 502
     assert response.headers["x-smg-error-code"] == "request_failed"
     assert response.json()["error"]["message"].startswith("Request failed: ")
+
+
+def test_ready_once_started(api: httpx.Client) -> None:
+    assert api.get("/readiness").json() == {"status": "ready"}

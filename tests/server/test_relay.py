@@ -314,3 +314,20 @@ def test_frames_reach_the_client_while_the_worker_is_still_streaming(client: htt
         scripted.release()
         rest = list(lines)
     assert "event: message_stop" in rest
+
+
+def test_health_and_readiness(client: httpx.Client) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/liveness").status_code == 200
+    assert client.get("/readiness").json() == {"status": "ready"}
+
+
+def test_readiness_is_503_while_no_worker_answers() -> None:
+    from tools.spawn import free_port, spawn_gateway
+
+    gw = spawn_gateway([f"http://127.0.0.1:{free_port()}"])
+    try:
+        response = httpx.get(gw.url + "/readiness")
+    finally:
+        gw.stop()
+    assert response.status_code == 503 and response.json() == {"status": "not_ready"}

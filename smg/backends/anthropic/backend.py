@@ -68,12 +68,8 @@ class AnthropicBackend:
         return self._client
 
     async def start(self) -> None:
-        client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
-        # No header of the gateway's own (user-agent, accept…) may reach the API: only the
-        # client's forwarded ones, plus what HTTP itself needs (host, content-length).
-        for name in list(client.headers.keys()):
-            del client.headers[name]
-        self._client = client
+        # make_client adds no header of its own: the API sees only the client's forwarded ones.
+        self._client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
         for url in self._urls:
             self._registry.add(Worker(url=url, kind="anthropic", wildcard=True, healthy=True, discovered=True))
 
@@ -84,6 +80,9 @@ class AnthropicBackend:
     def models(self) -> list[ModelCard]:
         # The API serves whatever models the caller's key may use: nothing to list up front.
         return []
+
+    def ready(self) -> bool:
+        return self._client is not None
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
         if call.endpoint == "count_tokens":

@@ -99,6 +99,9 @@ class HttpRelayBackend:
                     card.context_window = window
         return sorted(cards.values(), key=lambda c: c.id)
 
+    def ready(self) -> bool:
+        return any(w.healthy and w.models for w in self._registry.all() if w.kind == "http")
+
     async def _watch_health(self) -> None:
         interval = self._config.health_check_interval_secs
         elapsed = 0.0
