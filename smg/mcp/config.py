@@ -10,8 +10,17 @@ or with an empty one, every tool of every server is allowed. The format::
           default: deny         # this server's tools, unless named under `tools`
           tools:
             web_search: allow   # one tool
+    servers:                    # servers the operator knows (optional)
+      - name: search            # the `mcp_servers[].name` a request uses
+        url: https://mcp.example.com/mcp
+        token: ${MCP_SEARCH_TOKEN}   # bearer sent when the request brings none
     connect_timeout_secs: 10    # per server: connect, initialize and list its tools
     call_timeout_secs: 300      # per tool call
+
+A configured server's token is used only for a request entry with the same name AND the same
+URL (so a client cannot send it elsewhere), and only when the entry has no
+`authorization_token` of its own; `${VAR}` is read from the environment when the file is
+loaded. Clients then need no MCP secret at all.
 
 The most specific rule wins: the tool's, then its server's `default`, then the global one.
 A denied call is not sent to its server; the model gets an error result saying so. Unknown
@@ -22,6 +31,8 @@ cannot silently allow what it meant to deny.
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +51,28 @@ class ServerPolicy:
 
 
 @dataclass(frozen=True)
+class KnownServer:
+    """An MCP server the operator configured: its token, for requests that name it."""
+
+    name: str
+    url: str
+    token: str | None = None
+
+    def matches(self, name: str, url: str) -> bool:
+        return name == self.name and url.rstrip("/") == self.url.rstrip("/")
+
+
+@dataclass(frozen=True)
 class McpConfig:
     default_allow: bool = True
     servers: dict[str, ServerPolicy] = field(default_factory=dict)
+    known_servers: tuple[KnownServer, ...] = ()
     connect_timeout_secs: float = 10.0
     call_timeout_secs: float = 300.0
+
+    def token_for(self, name: str, url: str) -> str | None:
+        """The configured bearer token for a request's server entry, if the operator set one."""
+        return next((k.token for k in self.known_servers if k.matches(name, url)), None)
 
     def allows(self, server: str, tool: str) -> bool:
         """The policy's decision for one call."""
@@ -72,7 +100,7 @@ def parse_mcp_config(text: str, source: str = "MCP config") -> McpConfig:
     data = _load(text, source)
     if data is None:
         return McpConfig()
-    _only(data, {"policy", "connect_timeout_secs", "call_timeout_secs"}, source)
+    _only(data, {"policy", "servers", "connect_timeout_secs", "call_timeout_secs"}, source)
     policy = data.get("policy") or {}
     _only(policy, {"default", "servers"}, f"{source}: policy")
     servers: dict[str, ServerPolicy] = {}
@@ -93,9 +121,41 @@ def parse_mcp_config(text: str, source: str = "MCP config") -> McpConfig:
     return McpConfig(
         default_allow=_decision(policy.get("default", "allow"), f"{source}: policy.default"),
         servers=servers,
+        known_servers=_known_servers(data.get("servers") or [], source),
         connect_timeout_secs=_seconds(data, "connect_timeout_secs", 10.0, source),
         call_timeout_secs=_seconds(data, "call_timeout_secs", 300.0, source),
     )
+
+
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: str, where: str) -> str:
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise McpConfigError(f"{where} names ${{{name}}}, which is not set in the environment")
+        return os.environ[name]
+
+    return _ENV_REFERENCE.sub(lookup, value)
+
+
+def _known_servers(raw: Any, source: str) -> tuple[KnownServer, ...]:
+    if not isinstance(raw, list):
+        raise McpConfigError(f"{source}: servers must be a list of {{name, url, token}}")
+    out: list[KnownServer] = []
+    for i, entry in enumerate(raw):
+        where = f"{source}: servers[{i}]"
+        _only(entry, {"name", "url", "token"}, where)
+        name, url, token = entry.get("name"), entry.get("url"), entry.get("token")
+        if not isinstance(name, str) or not name:
+            raise McpConfigError(f"{where}.name must be a non-empty string")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise McpConfigError(f"{where}.url must be an http:// or https:// URL")
+        if token is not None and not isinstance(token, str):
+            raise McpConfigError(f"{where}.token must be a string")
+        out.append(KnownServer(name, url, _expand(token, f"{where}.token") if token else None))
+    return tuple(out)
 
 
 def _load(text: str, source: str) -> Any:

@@ -84,7 +84,7 @@ async def run_loop(req: LoopRequest, model: ModelClient, config: McpConfig) -> A
     """The loop's events. Raises `ApiError` for a failure before anything was sent."""
     connections = McpConnections(config.connect_timeout_secs, config.call_timeout_secs)
     try:
-        outcomes = await connections.connect(server_specs(req.request))
+        outcomes = await connections.connect(server_specs(req.request, config))
         for o in outcomes:
             yield McpConnect(
                 server=o.spec.name,

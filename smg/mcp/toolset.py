@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from smg.mcp.client import McpTool, ServerSpec
+from smg.mcp.config import McpConfig
 from smg.protocol.request import OPTIONAL_FIELDS, CreateMessageRequest
 from smg.protocol.tools import McpToolset
 
@@ -22,8 +23,12 @@ def toolsets(request: CreateMessageRequest) -> list[McpToolset]:
     return [tool for tool in request.tools or () if isinstance(tool, McpToolset)]
 
 
-def server_specs(request: CreateMessageRequest) -> list[ServerSpec]:
-    return [ServerSpec(s.name, s.url, s.authorization_token) for s in request.mcp_servers or ()]
+def server_specs(request: CreateMessageRequest, config: McpConfig) -> list[ServerSpec]:
+    """The servers to connect to; an entry without a token gets the operator's, if configured."""
+    return [
+        ServerSpec(s.name, s.url, s.authorization_token or config.token_for(s.name, s.url))
+        for s in request.mcp_servers or ()
+    ]
 
 
 def exposed_tools(

@@ -256,7 +256,7 @@ def test_policy_file_yaml_and_json() -> None:
         ("policy:\n  default: maybe\n", "must be allow or deny"),
         ("policy:\n  servers:\n    s:\n      tools: {x: yes}\n", "must be allow or deny"),
         ("connect_timeout_secs: -1\n", "positive number"),
-        ("servers: []\n", "unknown key(s) servers"),
+        ("serverz: []\n", "unknown key(s) serverz"),
         ("- just a list\n", "must be a mapping"),
     ],
 )
