@@ -14,9 +14,10 @@ from sanic.response import json as json_response
 
 from smg.backends.base import Backend, Endpoint
 from smg.config import GatewayConfig
-from smg.projection import Whole
+from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.server import messages
+from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
 from smg.server.request_id import resolve_request_id
@@ -113,13 +114,26 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
         missing = ApiError(404, f"Not Found: {request.method} {request.path}", code="route_not_found")
         return _to_http(await messages.refuse(request, missing))
 
+    def _refused(request: Any) -> HTTPResponse | None:
+        """The 401 for a protected route without the gateway key (Messages envelope for SDKs)."""
+        try:
+            check_bearer(request.app.ctx.gateway.config.api_key, request.ctx.headers)
+        except ApiError as err:
+            if "anthropic-version" in request.ctx.headers:
+                return _to_http(error_response(request.ctx.request_id, messages.error_event(err)))
+            body = {"error": {"type": err.type, "message": err.message}}
+            return json_response(body, status=err.status, headers=err.response_headers())
+        return None
+
     @app.get("/v1/models", name="models")
     async def _models(request: Any) -> HTTPResponse:
-        return list_models(request.app.ctx.gateway, request.ctx.headers)
+        return _refused(request) or list_models(request.app.ctx.gateway, request.ctx.headers)
 
     @app.get("/v1/models/<model_id:path>", name="model")
     async def _model(request: Any, model_id: str) -> HTTPResponse:
-        return retrieve_model(request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id)
+        return _refused(request) or retrieve_model(
+            request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id
+        )
 
     @app.get("/health", name="health")
     async def _health(request: Any) -> HTTPResponse:

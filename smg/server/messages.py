@@ -162,20 +162,26 @@ def _observe(outcome: UsageReader, event: object) -> None:
         outcome.event(event.event)
 
 
+def error_event(err: ApiError, stage: str = "admission") -> Error:
+    """What the client is told about a failure, as a journal event."""
+    return Error(
+        stage=stage,
+        status=err.status,
+        error_type=err.type,
+        message=err.message,
+        code=err.code,
+        headers=err.response_headers(),
+    )
+
+
+def _rejected(err: ApiError) -> Rejected:
+    return Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code)
+
+
 async def _fail(flow: Flow, projection: Projection, responder: Responder, err: ApiError, stage: str) -> None:
     if stage == "admission":
-        await flow.emit(Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code))
-    event = await flow.emit(
-        Error(
-            stage=stage,
-            status=err.status,
-            error_type=err.type,
-            message=err.message,
-            code=err.code,
-            headers=err.response_headers(),
-        )
-    )
-    assert isinstance(event, Error)
+        await flow.emit(_rejected(err))
+    event = await flow.emit(error_event(err, stage))
     await responder.run(projection.feed(event))
 
 
@@ -187,15 +193,8 @@ async def refuse(request: Any, err: ApiError) -> Whole:
     rid: str = request.ctx.request_id
     flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
     await flow.emit(_received(request, gateway, b""))
-    await flow.emit(Rejected(status=err.status, error_type=err.type, message=err.message, code=err.code))
-    error = Error(
-        stage="admission",
-        status=err.status,
-        error_type=err.type,
-        message=err.message,
-        code=err.code,
-        headers=err.response_headers(),
-    )
+    await flow.emit(_rejected(err))
+    error = error_event(err)
     await flow.emit(error)
     whole = error_response(rid, error)
     await flow.emit(

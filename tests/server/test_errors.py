@@ -195,3 +195,18 @@ def test_refusals_are_journaled_completely(guarded: Spawned, guarded_journal: Pa
     for file in guarded_journal.parent.glob(guarded_journal.name + "*"):  # the database and its WAL
         assert b"sk-ant-do-not-store" not in file.read_bytes()
     assert events[0].headers["x-api-key"].startswith("[redacted")
+
+
+def test_models_need_the_gateway_key_too(guarded: Spawned) -> None:
+    anthropic_style = httpx.get(guarded.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    assert_envelope(anthropic_style, 401, "authentication_error")
+    assert anthropic_style.headers["www-authenticate"].startswith("Bearer")
+    assert httpx.get(guarded.url + "/v1/models").status_code == 401
+    allowed = httpx.get(guarded.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert allowed.status_code == 200 and allowed.json()["data"]
+    assert httpx.get(guarded.url + "/health").status_code == 200  # probes stay open
+
+
+def test_unknown_route_elsewhere_is_an_envelope_for_anthropic_clients(client: httpx.Client) -> None:
+    response = client.get("/v1/nothing-here", headers={"anthropic-version": "2023-06-01"})
+    assert_envelope(response, 404, "not_found_error")
