@@ -51,7 +51,8 @@ def _is_preflight(request: Any) -> bool:
 
 
 def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str = "smg") -> Sanic[Any, Any]:
-    app: Sanic[Any, Any] = Sanic(name)
+    # configure_logging=False: the CLI configures logging once; Sanic would print every line twice.
+    app: Sanic[Any, Any] = Sanic(name, configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_payload_size
     app.config.RESPONSE_TIMEOUT = int(config.request_timeout_secs) + 60
     app.config.REQUEST_TIMEOUT = 60
