@@ -44,8 +44,10 @@ async def discover(worker: Worker, client: httpx.AsyncClient, timeout: float = 5
         resp.raise_for_status()
         models = parse_model_list(resp.json())
     except (httpx.HTTPError, ValueError) as exc:
-        worker.last_error = f"model discovery failed: {exc}"
-        log.warning("worker %s: %s", worker.url, worker.last_error)
+        error = f"model discovery failed: {exc!r}"
+        if error != worker.last_error:  # said once per new failure, not at every probe
+            log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
+        worker.last_error = error
         return False
     worker.models = set(models)
     worker.context_windows = {m: w for m, w in models.items() if w}
