@@ -67,6 +67,7 @@ class HttpRelayBackend:
         self._urls = [u.rstrip("/") for u in urls]
         self._client: httpx.AsyncClient | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._parsed_urls: dict[str, httpx.URL] = {}
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -98,6 +99,14 @@ class HttpRelayBackend:
                 if window and (card.context_window is None or window < card.context_window):
                     card.context_window = window
         return sorted(cards.values(), key=lambda c: c.id)
+
+    def _url(self, base: str, path: str) -> httpx.URL:
+        # Parsed once per worker and path: httpx would otherwise parse the string per request.
+        key = base + path
+        url = self._parsed_urls.get(key)
+        if url is None:
+            url = self._parsed_urls[key] = httpx.URL(key)
+        return url
 
     def ready(self) -> bool:
         return any(w.healthy and w.models for w in self._registry.all() if w.kind == "http")
@@ -143,7 +152,7 @@ class HttpRelayBackend:
             worker = self._pick(call.model, tried, failure)
             tried.add(worker.url)
             yield Routed(backend=self.name, worker=worker.url, model=call.model, policy="round_robin", attempt=attempt)
-            url = worker.url + path
+            url = self._url(worker.url, path)
             try:
                 response = await self.client.send(
                     self.client.build_request("POST", url, content=body, headers=headers), stream=True
