@@ -24,6 +24,8 @@ import orjson
 
 from journal.events import Block, Error, Event, Received, StreamOpened, Upstream, Validated
 from smg.protocol.errors import envelope, error_from_upstream
+from smg.protocol.fold import BlockFold
+from smg.protocol.stream import error_event, sse_frame
 
 
 @dataclass
@@ -54,10 +56,6 @@ Action = Whole | Head | Send | End
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
 
-def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
 def error_response(request_id: str, error: Error) -> Whole:
     body = orjson.dumps(envelope(error.error_type, error.message, request_id))
     headers = {**error.headers, "content-type": "application/json", "x-request-id": request_id}
@@ -77,6 +75,7 @@ class Projection:
         self._head: Upstream | None = None
         self._error_body: list[bytes] = []
         self._message: dict[str, Any] | None = None
+        self._content = BlockFold()
 
     def feed(self, event: Event) -> list[Action]:
         if self.done:
@@ -155,12 +154,20 @@ class Projection:
                 self.done = True
                 actions.append(End())
             return actions
-        self._message = _fold_block(self._message, payload)
-        if kind == "message_stop" and self._message is not None:
+        if kind == "message_start":
+            self._message = dict(payload["message"], content=[])
+        elif self._message is None:
+            return []
+        elif kind == "message_delta":
+            _apply_message_delta(self._message, payload)
+        elif kind == "message_stop":
+            self._message["content"] = self._content.content()
             self.done = True
             self.status = 200
             body = orjson.dumps(self._message)
             return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
+        else:
+            self._content.feed(payload)
         return []
 
     def _open(self) -> list[Action]:
@@ -173,46 +180,20 @@ class Projection:
     def _error(self, error: Error) -> list[Action]:
         self.done = True
         if self.started:
-            frame = sse_frame({"type": "error", "error": {"type": error.error_type, "message": error.message}})
+            frame = sse_frame(error_event(error.error_type, error.message))
             return [Send(frame), End()]
         self.status = error.status
         return [error_response(self.request_id, error)]
 
 
-def _fold_block(message: dict[str, Any] | None, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """Build the non-streaming message from stream events, as a client SDK would."""
-    kind = payload.get("type")
-    if kind == "message_start":
-        return dict(payload["message"], content=[])
-    if message is None:
-        return None
-    if kind == "content_block_start":
-        message["content"].append(dict(payload["content_block"]))
-    elif kind == "content_block_delta":
-        block = message["content"][payload["index"]]
-        delta = payload["delta"]
-        dtype = delta.get("type")
-        if dtype == "text_delta":
-            block["text"] = block.get("text", "") + delta["text"]
-        elif dtype == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
-        elif dtype == "signature_delta":
-            block["signature"] = block.get("signature", "") + delta["signature"]
-        elif dtype == "input_json_delta":
-            block["_partial_json"] = block.get("_partial_json", "") + delta["partial_json"]
-    elif kind == "content_block_stop":
-        block = message["content"][payload["index"]]
-        if "_partial_json" in block:
-            raw = block.pop("_partial_json")
-            block["input"] = orjson.loads(raw) if raw else {}
-    elif kind == "message_delta":
-        delta = payload.get("delta", {})
-        message["stop_reason"] = delta.get("stop_reason")
-        message["stop_sequence"] = delta.get("stop_sequence")
-        usage = dict(message.get("usage") or {})
-        usage.update(payload.get("usage") or {})
-        message["usage"] = usage
-    return message
+def _apply_message_delta(message: dict[str, Any], payload: dict[str, Any]) -> None:
+    """The message-level part of a stream: how it ended and the final usage."""
+    delta = payload.get("delta", {})
+    message["stop_reason"] = delta.get("stop_reason")
+    message["stop_sequence"] = delta.get("stop_sequence")
+    usage = dict(message.get("usage") or {})
+    usage.update(payload.get("usage") or {})
+    message["usage"] = usage
 
 
 @dataclass

@@ -1,13 +1,11 @@
 """Content blocks of the MCP tool loop: the `mcptoolu_` ids, the `mcp_tool_use` /
-`mcp_tool_result` pair a call becomes, what the model is sent back, and a fold of a streamed
-answer into its blocks (behaviors.md I.3, I.4)."""
+`mcp_tool_result` pair a call becomes, and what the model is sent back (behaviors.md I.3,
+I.4)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
-
-import orjson
 
 MCP_ID_PREFIX = "mcptoolu_"
 
@@ -72,46 +70,3 @@ def assistant_input(blocks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(block)
     return out
-
-
-class BlockFold:
-    """A streamed answer's content blocks, folded from its events as an SDK would, keyed by
-    the upstream's own indices."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self._json: dict[int, str] = {}
-
-    def feed(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        index = event.get("index")
-        if not isinstance(index, int):
-            return
-        if kind == "content_block_start":
-            block = event.get("content_block")
-            self.blocks[index] = dict(block) if isinstance(block, dict) else {}
-        elif kind == "content_block_delta":
-            block = self.blocks.get(index)
-            delta = event.get("delta") or {}
-            if block is None or not isinstance(delta, dict):
-                return
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                block["text"] = block.get("text", "") + str(delta.get("text", ""))
-            elif dtype == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
-            elif dtype == "signature_delta":
-                block["signature"] = block.get("signature", "") + str(delta.get("signature", ""))
-            elif dtype == "input_json_delta":
-                self._json[index] = self._json.get(index, "") + str(delta.get("partial_json", ""))
-            elif dtype == "citations_delta" and "citation" in delta:
-                block["citations"] = [*(block.get("citations") or []), delta["citation"]]
-        elif kind == "content_block_stop" and index in self._json:
-            raw = self._json.pop(index)
-            try:
-                self.blocks[index]["input"] = orjson.loads(raw) if raw.strip() else {}
-            except orjson.JSONDecodeError:
-                self.blocks[index]["input"] = {}
-
-    def content(self) -> list[dict[str, Any]]:
-        return [self.blocks[i] for i in sorted(self.blocks)]

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from smg.mcp.blocks import BlockFold, mcp_id, mcp_tool_result_start
+from smg.mcp.blocks import mcp_id, mcp_tool_result_start
+from smg.protocol.fold import BlockFold
 
 MAX_UPSTREAM_INDEX = 1024
 

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from smg.mcp import McpConfigError, wants_loop
-from smg.mcp.blocks import BlockFold, assistant_input, mcp_id, mcp_tool_result, tool_result
+from smg.mcp.blocks import assistant_input, mcp_id, mcp_tool_result, tool_result
 from smg.mcp.client import McpTool, ServerSpec, result_text
 from smg.mcp.config import McpConfig, parse_mcp_config
 from smg.mcp.streaming import StreamRewriteError, StreamRewriter
 from smg.mcp.toolset import exposed_tools, rewrite_request, toolsets
 from smg.protocol.errors import describe_exception as describe
+from smg.protocol.fold import BlockFold
 from smg.protocol.parse import parse_create_message
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}}
