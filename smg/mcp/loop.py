@@ -42,10 +42,9 @@ from smg.mcp.config import McpConfig
 from smg.mcp.model import ModelClient, ModelStreamError
 from smg.mcp.streaming import StreamRewriteError, StreamRewriter
 from smg.mcp.toolset import exposed_tools, rewrite_request, server_specs, toolsets
-from smg.protocol import codec
 from smg.protocol.errors import ApiError, error_from_upstream
 from smg.protocol.request import CreateMessageRequest
-from smg.protocol.response import message_to_dict, parse_message_response
+from smg.protocol.response import reserialized_message
 from smg.protocol.tools import McpToolset
 
 MAX_ROUNDS = 10
@@ -185,10 +184,10 @@ class _Loop:
                 yield result
                 raise error_from_upstream(reply.status, reply.body, reply.headers)
             try:
-                message = message_to_dict(parse_message_response(codec.loads(reply.body)))
-            except (codec.BodyDecodeError, ValueError):
+                message = reserialized_message(reply.body)
+            except ApiError:
                 yield result
-                raise ApiError(502, "Invalid response from backend", code="parse_error") from None
+                raise
             tool_uses = [b for b in message["content"] if b.get("type") == "tool_use"]
             result.stop_reason = message.get("stop_reason")
             result.usage = message.get("usage")

@@ -24,7 +24,9 @@ from pydantic import (
     model_serializer,
 )
 
+from smg.protocol import codec
 from smg.protocol.content import TypedModel
+from smg.protocol.errors import ApiError
 
 StopReason = Literal[
     "end_turn",
@@ -184,3 +186,12 @@ def parse_message_response(data: object) -> Message:
 def message_to_dict(message: Message) -> dict[str, Any]:
     """The JSON-ready body of a `Message`, in the public API's key order."""
     return message.model_dump(mode="json")
+
+
+def reserialized_message(raw: bytes) -> dict[str, Any]:
+    """An upstream's Message body parsed into the model and written back as a dict (unmodeled
+    fields dropped, null optionals omitted). Raises 502 `parse_error` when it does not parse."""
+    try:
+        return message_to_dict(parse_message_response(codec.loads(raw)))
+    except (codec.BodyDecodeError, ValueError):
+        raise ApiError(502, "Invalid response from backend", code="parse_error") from None

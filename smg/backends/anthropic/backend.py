@@ -29,7 +29,7 @@ from smg.config import GatewayConfig
 from smg.mcp import LoopRequest, McpConfig, load_mcp_config, run_loop, wants_loop
 from smg.protocol import codec
 from smg.protocol.errors import ApiError
-from smg.protocol.response import message_to_dict, parse_message_response
+from smg.protocol.response import reserialized_message
 from smg.routing.workers import Worker, WorkerRegistry
 
 log = logging.getLogger("smg.anthropic")
@@ -39,14 +39,13 @@ _ERROR_BODY_LIMIT = 1 << 20
 
 
 def reserialize(raw: bytes) -> bytes:
-    """A success body parsed into the Message model and written back out (unmodeled fields
-    dropped, null optionals omitted). Raises 502 `parse_error` when it does not parse."""
+    """A success body parsed into the Message model and written back out; 502 `parse_error`
+    when it does not parse."""
     try:
-        message = parse_message_response(codec.loads(raw))
-    except (codec.BodyDecodeError, ValueError) as exc:
-        log.warning("unparseable response from the Anthropic API: %s", exc)
-        raise ApiError(502, "Invalid response from backend", code="parse_error") from None
-    return codec.dumps(message_to_dict(message))
+        return codec.dumps(reserialized_message(raw))
+    except ApiError:
+        log.warning("unparseable response from the Anthropic API (%d bytes)", len(raw))
+        raise
 
 
 class AnthropicBackend:
