@@ -2,8 +2,9 @@
 
 A secret is replaced by `[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
 of the value, so an operator can tell two keys apart (or match one they hold) without the
-journal storing anything usable. Both functions are idempotent: a redacted value is left as
-it is, so redacting at the edge and again in the writer is harmless.
+journal storing anything usable. `redacted(event)` is applied once, by the writer, before an
+event is queued: whoever emits events needs no redaction of their own. The functions are
+idempotent (a redacted value is left as it is).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-SECRET_HEADERS = frozenset(
-    {"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"}
-)
+from journal.events import Event, Received, Upstream, Validated
+
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
 
@@ -30,10 +32,7 @@ def redact_value(value: str) -> str:
 
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A copy of `headers` with the values of secret headers (any case) redacted."""
-    return {
-        name: redact_value(value) if name.lower() in SECRET_HEADERS else value
-        for name, value in headers.items()
-    }
+    return {name: redact_value(value) if name.lower() in SECRET_HEADERS else value for name, value in headers.items()}
 
 
 def redact_body(text: str) -> str:
@@ -56,8 +55,7 @@ def redact_body(text: str) -> str:
     tokens = [
         s[_TOKEN_KEY]
         for s in servers
-        if isinstance(s, dict) and isinstance(s.get(_TOKEN_KEY), str)
-        and not s[_TOKEN_KEY].startswith(_PREFIX)
+        if isinstance(s, dict) and isinstance(s.get(_TOKEN_KEY), str) and not s[_TOKEN_KEY].startswith(_PREFIX)
     ]
     if not tokens:
         return text
@@ -77,3 +75,31 @@ def _reserialize(body: dict[str, Any]) -> str:
         if isinstance(server, dict) and isinstance(server.get(_TOKEN_KEY), str):
             server[_TOKEN_KEY] = redact_value(server[_TOKEN_KEY])
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def _redact_tokens(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: redact_value(v) if k == _TOKEN_KEY and isinstance(v, str) else _redact_tokens(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_tokens(v) for v in value]
+    return value
+
+
+def redacted(event: Event) -> Event:
+    """The event as the journal may keep it: a copy with its secrets redacted (the caller's
+    event is left alone, e.g. an upstream head whose headers the response still needs), or
+    the event itself when it carries none."""
+    if isinstance(event, Received):
+        return replace(
+            event,
+            headers=redact_headers(event.headers),
+            body=redact_body(event.body) if event.body else event.body,
+        )
+    if isinstance(event, Upstream) and event.headers:
+        return replace(event, headers=redact_headers(event.headers))
+    if isinstance(event, Validated) and event.summary:
+        return replace(event, summary=_redact_tokens(event.summary))
+    return event

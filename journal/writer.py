@@ -22,8 +22,8 @@ Durability contract (WAL, `synchronous=NORMAL`):
   queue and commits before closing.
 
 Events are treated as immutable once appended: they are serialized later, by the writer
-task. Secrets are redacted here as well (headers of `received` and upstream `head` events,
-MCP tokens in the `received` body and the validated summary), whatever the caller did.
+task. Secrets are redacted in `append`, before an event is queued (headers of `received` and
+upstream `head` events, MCP tokens in the `received` body and the validated summary).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import aiosqlite
 import orjson
 
 from journal import schema, summary
-from journal.events import Event, Received, Upstream, Validated
-from journal.redact import redact_body, redact_headers, redact_value
+from journal.events import Event
+from journal.redact import redacted
 
 log = logging.getLogger(__name__)
 
@@ -90,40 +90,15 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
-def _redact_tokens(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: redact_value(v) if k == "authorization_token" and isinstance(v, str)
-            else _redact_tokens(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_redact_tokens(v) for v in value]
-    return value
-
-
 def encode(event: Event) -> bytes:
-    """The stored JSON payload of an event: `to_dict()`, secrets redacted."""
-    data = event.to_dict()
-    if isinstance(event, Received):
-        data["headers"] = redact_headers(event.headers)
-        if event.body:
-            data["body"] = redact_body(event.body)
-    elif isinstance(event, Upstream):
-        if event.headers:
-            data["headers"] = redact_headers(event.headers)
-    elif isinstance(event, Validated):
-        if event.summary:
-            data["summary"] = _redact_tokens(event.summary)
-    return orjson.dumps(data, default=_default, option=orjson.OPT_NON_STR_KEYS)
+    """The stored JSON payload of an event (already redacted by `append`)."""
+    return orjson.dumps(event.to_dict(), default=_default, option=orjson.OPT_NON_STR_KEYS)
 
 
 class JournalWriter:
     """Appends events to a SQLite journal from one background task (see module docstring)."""
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, queue_size: int = 65536, max_batch: int = 4096
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, queue_size: int = 65536, max_batch: int = 4096) -> None:
         if max_batch < 1 or queue_size < 1:
             raise ValueError("queue_size and max_batch must be positive")
         self.path = os.fspath(path)
@@ -152,11 +127,12 @@ class JournalWriter:
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.path}")
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
-        """Queue one event. Waits only when the queue is full; dropped after `close()`."""
+        """Queue one event, its secrets redacted. Waits only when the queue is full; dropped
+        after `close()`."""
         if self._closed:
             self._events_dropped += 1
             return
-        item = (request_id, seq, event)
+        item = (request_id, seq, redacted(event))
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
@@ -306,10 +282,7 @@ class JournalWriter:
 
 
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(
-        row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col)
-        for col in schema.REQUEST_COLUMNS
-    )
+    return tuple(row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col) for col in schema.REQUEST_COLUMNS)
 
 
 class NullJournal:

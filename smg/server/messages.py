@@ -15,7 +15,6 @@ from contextlib import aclosing
 from typing import Any
 
 from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
-from journal.redact import redact_body, redact_headers
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
 from smg.projection import Projection, Whole, error_response
@@ -83,15 +82,15 @@ def _summary(call: Call) -> dict[str, Any]:
 
 
 def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
-    """The first event of every request; secrets are redacted before it is queued."""
+    """The first event of every request (the journal redacts its secrets as it queues it)."""
     headers: dict[str, str] = request.ctx.headers
     return Received(
         request_id=request.ctx.request_id,
         method=request.method,
         path=request.path,
         query=request.query_string,
-        headers=redact_headers(headers),
-        body=redact_body(body.decode("utf-8", errors="replace")) if body else None,
+        headers=headers,
+        body=body.decode("utf-8", errors="replace") if body else None,
         client=request.ip or None,
         tenant=tenant_of(gateway.config.api_key, headers, request.ip),
         ts=time.time(),
