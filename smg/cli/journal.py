@@ -21,9 +21,9 @@ from rich.text import Text
 
 from journal.events import Event, event_from_dict, event_kinds
 from journal.reader import JournalError, JournalReader
-from journal.redact import redact_headers
 from journal.schema import DEFAULT_PATH, ENV_VAR
 from journal.summary import describe
+from smg.projection import reconstruct
 
 journal_app = typer.Typer(
     help="Inspect the request journal (read-only; safe while the gateway runs).",
@@ -105,7 +105,8 @@ def show(
             Console(stderr=True).print(f"[red]error:[/] {escape(missing)}")
             raise typer.Exit(1)
         raw = reader.raw_events(row["id"])
-        events = [event for _, event in reader.events(row["id"])]
+    known = set(event_kinds())
+    events = [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
     response, why = _reconstruct(events)
 
     if as_json:
@@ -181,10 +182,6 @@ def _fit_table(console: Console, title: str, cells: list[dict[str, str]]) -> Tab
 
 def _reconstruct(events: list[Event]) -> tuple[Any, str | None]:
     try:
-        from smg.projection import reconstruct
-    except ImportError as exc:
-        return None, f"smg.projection is not available ({exc})"
-    try:
         return reconstruct(events), None
     except Exception as exc:  # a projection bug must not hide the timeline
         return None, f"reconstruct failed: {type(exc).__name__}: {exc}"
@@ -208,7 +205,7 @@ def _timeline(raw: list[tuple[int, str, float, dict[str, Any]]]) -> Table:
 
 def _request_view(received: Any) -> Panel:
     headers = Table.grid(padding=(0, 1))
-    for name, value in redact_headers(received.headers).items():
+    for name, value in received.headers.items():  # stored redacted
         headers.add_row(Text(f"{name}:", style="cyan"), Text(value))
     query = f"?{received.query}" if received.query else ""
     parts: list[Any] = [Text(f"{received.method} {received.path}{query}", style="bold"), headers]
