@@ -1,0 +1,117 @@
+"""What the gateway asks of an inference engine and what it hears back, in engine-neutral terms.
+
+Each engine protocol (SGLang scheduler, vLLM engine, TensorRT-LLM, TokenSpeed, MLX) maps these
+to and from its own protobuf messages in `smg.backends.grpc.engines`; nothing above that layer
+sees a protobuf type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+ConstraintKind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
+
+
+@dataclass
+class GenerateCall:
+    """One generation: the prompt as token ids and the sampling settings already resolved
+    (request values, else the worker's defaults, else the engine's neutral values)."""
+
+    request_id: str
+    input_ids: list[int]
+    text: str = ""  # the rendered prompt, for the engine's logs only
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop: list[str] = field(default_factory=list)  # strings the engine matches itself (not SGLang)
+    stop_token_ids: list[int] = field(default_factory=list)
+    constraint: tuple[ConstraintKind, str] | None = None
+    stream: bool = True
+    require_reasoning: bool = False
+
+
+@dataclass
+class EngineChunk:
+    """New output tokens. `completion_tokens` is the running total, whatever the engine sends."""
+
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class EngineDone:
+    """The end of a generation. `token_ids` are output tokens no chunk delivered (all of them
+    for a non-streaming call); `completion_tokens` is the total."""
+
+    finish_reason: str  # "stop" | "length" | "abort" | engine-specific
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+    cached_tokens: int = 0
+
+
+EngineEvent = EngineChunk | EngineDone
+
+
+@dataclass
+class EngineInfo:
+    """What `GetModelInfo` told us about the model an engine serves."""
+
+    model_id: str  # served_model_name, else model_path
+    model_path: str = ""
+    tokenizer_path: str = ""
+    max_context_length: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    vocab_size: int | None = None
+    supports_vision: bool = False
+    model_type: str = ""
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineError(Exception):
+    """The engine refused or failed a call. `code` is the gRPC status name (e.g. `INVALID_ARGUMENT`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def unavailable(self) -> bool:
+        """Nothing answered (connection refused, engine gone): the worker is down, not the request bad."""
+        return self.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+
+
+class EngineClient(Protocol):
+    """One engine over one channel."""
+
+    runtime: str  # "sglang" | "vllm" | "trtllm" | "tokenspeed" | "mlx"
+    target: str  # host:port
+
+    async def health(self) -> bool: ...
+
+    async def model_info(self) -> EngineInfo: ...
+
+    async def server_info(self) -> dict[str, Any]: ...
+
+    def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
+        """Yields chunks then exactly one `EngineDone`; raises `EngineError`. Closing the
+        iterator early cancels the RPC (the caller sends `abort` itself)."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def tokenizer_bundle(self) -> bytes:
+        """The `GetTokenizer` stream's zip bytes, checked against its sha256."""
+        ...
+
+    async def close(self) -> None: ...
