@@ -96,17 +96,21 @@ def _tail(text: str, lines: int = 40) -> str:
 def spawn(
     args: list[str],
     *,
-    ready_url: str,
+    ready_url: str | None = None,
     url: str,
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
+    ready_line: str | None = None,
 ) -> Spawned:
-    """Start ``args`` in the repository root and wait until ``ready_url`` answers below 500.
+    """Start ``args`` in the repository root and wait until ``ready_url`` answers below 500
+    (or, for a server that speaks no HTTP, until its output has a line starting ``ready_line``).
 
     ``env`` entries are added to the current environment. Raises RuntimeError with the log's
     tail when the process exits or ``timeout`` passes first; the process is stopped then.
     """
+    if (ready_url is None) == (ready_line is None):
+        raise ValueError("give exactly one of ready_url and ready_line")
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="smg-spawn-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="spawn-", suffix=".log", dir=log_dir)
@@ -124,7 +128,10 @@ def spawn(
     spawned = Spawned(proc, url.rstrip("/"), Path(name))
     _live.add(spawned)
     try:
-        _wait_ready(spawned, ready_url, timeout)
+        if ready_url is not None:
+            _wait_ready(spawned, ready_url, timeout)
+        else:
+            _wait_printed(spawned, str(ready_line), timeout)
     except BaseException:
         spawned.stop(timeout=1.0)
         raise
@@ -149,6 +156,19 @@ def _wait_ready(spawned: Spawned, ready_url: str, timeout: float) -> None:
                     f"{ready_url} did not answer within {timeout}s:\n{_tail(spawned.log())}"
                 )
             time.sleep(0.05)
+
+
+def _wait_printed(spawned: Spawned, ready_line: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        code = spawned.proc.poll()
+        if any(line.startswith(ready_line) for line in spawned.log().splitlines()):
+            return
+        if code is not None:
+            raise RuntimeError(f"exited with {code} before printing {ready_line!r}:\n{_tail(spawned.log())}")
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"did not print {ready_line!r} within {timeout}s:\n{_tail(spawned.log())}")
+        time.sleep(0.05)
 
 
 def spawn_worker(
@@ -208,3 +228,42 @@ def spawn_gateway(
     args += ["--journal", str(journal)] if journal else ["--no-journal"]
     args += extra or []
     return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout, env=env)
+
+
+def spawn_engine(
+    runtime: str = "sglang",
+    model_path: str | Path = REPO_ROOT / "tests" / "fixtures" / "qwen3",
+    extra: list[str] | None = None,
+    *,
+    port: int | None = None,
+    timeout: float = 30.0,
+) -> Spawned:
+    """Start ``tools.scripted_engine`` for ``runtime`` on 127.0.0.1 and wait until it serves.
+
+    The returned ``url`` is ``grpc://127.0.0.1:PORT``. Without ``port`` a free one is picked,
+    and picked again if another process took it first.
+    """
+    attempts = 1 if port is not None else 3
+    for attempt in range(attempts):
+        chosen = port if port is not None else free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "tools.scripted_engine",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(chosen),
+            "--runtime",
+            runtime,
+            "--model-path",
+            str(model_path),
+            *(extra or []),
+        ]
+        url = f"grpc://127.0.0.1:{chosen}"
+        try:
+            return spawn(args, ready_line="scripted engine ready", url=url, timeout=timeout)
+        except RuntimeError as exc:
+            if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,329 @@
+"""What every engine protocol client shares: the channel, error conversion, and turning a
+Generate stream into `EngineChunk`s and one `EngineDone`.
+
+The five protocols differ in their message names and in what their numbers mean, but not in
+shape: a server stream of `chunk`s (new token ids) ending in one `complete`. Each engine module
+reads its messages into `RawChunk` / `RawComplete` and says whether its chunk counts are
+per-chunk deltas (vLLM) or running totals (SGLang, TRT-LLM, TokenSpeed, MLX); `_Tally` does the
+rest, so the counts and token ids the gateway sees mean the same whatever the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import grpc
+import grpc.aio
+from google.protobuf.json_format import MessageToDict
+from smg_grpc_proto.generated import common_pb2
+
+from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError, EngineEvent, EngineInfo, GenerateCall
+
+MiB = 1024 * 1024
+# Large messages: tokenizer bundles and long prompts' token ids. No client keepalive pings: a
+# Python servicer keeps grpc-core's server ping policy, which answers pings during a long
+# prefill (no data flowing) with GOAWAY and would kill the stream.
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 256 * MiB),
+    ("grpc.max_send_message_length", 256 * MiB),
+]
+MAX_BUNDLE_BYTES = 200 * MiB  # as the Rust gateway's tokenizer_bundle.rs
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def engine_error(exc: grpc.aio.AioRpcError) -> EngineError:
+    """The gRPC status as an `EngineError` named by its status code."""
+    code = exc.code()
+    name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+    return EngineError(name, str(exc.details() or ""))
+
+
+def strip_scheme(target: str) -> str:
+    """`grpc://host:port` → `host:port` (worker URLs carry the scheme, channels do not)."""
+    for scheme in ("grpc://", "grpcs://"):
+        if target.startswith(scheme):
+            return target[len(scheme) :].rstrip("/")
+    return target.rstrip("/")
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """A JSON object field of a model info answer; empty or malformed reads as no values."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def sampling_defaults(default_json: str, preferred_json: str = "") -> dict[str, Any]:
+    """`default_sampling_params_json`, else the sampling keys of `preferred_sampling_params`.
+
+    SGLang's servicer already merges its preferred params into the default JSON; an older one
+    sends only the preferred params.
+    """
+    defaults = parse_json_object(default_json)
+    if defaults:
+        return defaults
+    preferred = parse_json_object(preferred_json)
+    return {key: preferred[key] for key in SAMPLING_DEFAULT_KEYS if preferred.get(key) is not None}
+
+
+def model_info(
+    *,
+    model_path: str = "",
+    served_model_name: str = "",
+    tokenizer_path: str = "",
+    max_context_length: int = 0,
+    eos_token_ids: list[int] | None = None,
+    vocab_size: int = 0,
+    supports_vision: bool = False,
+    model_type: str = "",
+    default_sampling: dict[str, Any] | None = None,
+) -> EngineInfo:
+    """An `EngineInfo` from model info fields, zero and empty values read as not told."""
+    return EngineInfo(
+        model_id=served_model_name or model_path,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        max_context_length=max_context_length if max_context_length > 0 else None,
+        eos_token_ids=[int(t) for t in eos_token_ids or []],
+        vocab_size=vocab_size if vocab_size > 0 else None,
+        supports_vision=supports_vision,
+        model_type=model_type,
+        default_sampling=default_sampling or {},
+    )
+
+
+@dataclass
+class RawChunk:
+    """A `chunk` message, read into engine-neutral names (counts still as the engine meant them)."""
+
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RawComplete:
+    """A `complete` message, read into engine-neutral names."""
+
+    output_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+
+
+@dataclass
+class _Tally:
+    """What the chunks of one stream delivered so far, to make the counts running totals and to
+    tell which ids of the `complete` are new."""
+
+    delta_counts: bool
+    input_len: int
+    delivered: list[int] = field(default_factory=list)
+    completion: int = 0
+    prompt: int = 0
+    cached: int = 0
+
+    def chunk(self, raw: RawChunk) -> EngineChunk | None:
+        self.delivered.extend(raw.token_ids)
+        if self.delta_counts:
+            self.completion += len(raw.token_ids)
+        else:
+            # TokenSpeed counts a trimmed stop token that no chunk carries: trust its total.
+            self.completion = max(raw.completion_tokens, self.completion + len(raw.token_ids))
+        self.prompt = raw.prompt_tokens or self.prompt
+        self.cached = raw.cached_tokens or self.cached
+        if not raw.token_ids:
+            return None
+        return EngineChunk(
+            token_ids=list(raw.token_ids),
+            prompt_tokens=self.prompt or self.input_len,
+            completion_tokens=self.completion,
+            cached_tokens=self.cached,
+        )
+
+    def done(self, raw: RawComplete) -> EngineDone:
+        new_ids = self._undelivered(raw.output_ids)
+        # vLLM's streamed `complete` counts only its last delta, so the chunks' total is the
+        # larger one there; everywhere else the engine's total is at least the chunks'.
+        total = max(raw.completion_tokens, self.completion, len(self.delivered) + len(new_ids))
+        return EngineDone(
+            finish_reason=raw.finish_reason or "stop",
+            prompt_tokens=raw.prompt_tokens or self.prompt or self.input_len,
+            completion_tokens=total,
+            token_ids=new_ids,
+            matched_token_id=raw.matched_token_id,
+            matched_stop_str=raw.matched_stop_str,
+            cached_tokens=raw.cached_tokens or self.cached,
+        )
+
+    def ended_without_complete(self) -> EngineDone:
+        """MLX ends an aborted stream with no `complete`: what was delivered is all there is."""
+        return EngineDone(
+            finish_reason="abort",
+            prompt_tokens=self.prompt or self.input_len,
+            completion_tokens=max(self.completion, len(self.delivered)),
+            cached_tokens=self.cached,
+        )
+
+    def _undelivered(self, output_ids: list[int]) -> list[int]:
+        # A `complete` carries either every output id (non-streaming; TRT-LLM always) or, in
+        # SGLang / vLLM / TokenSpeed streams, a repeat of the last chunk's ids (MLX: none).
+        # Only ids extending what the chunks delivered are new.
+        if not self.delivered:
+            return list(output_ids)
+        n = len(self.delivered)
+        if len(output_ids) > n and list(output_ids[:n]) == self.delivered:
+            return list(output_ids[n:])
+        return []
+
+
+class GrpcEngineClient(ABC):
+    """One engine over one `grpc.aio` channel, opened on first use in the running loop."""
+
+    runtime: str = ""
+    # Whether the engine's chunk `completion_tokens` counts that chunk only (vLLM).
+    delta_counts: bool = False
+
+    def __init__(self, target: str, *, timeout: float = 10.0, bundle_timeout: float = 120.0) -> None:
+        self.target = strip_scheme(target)
+        self.timeout = timeout
+        self.bundle_timeout = bundle_timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    # -- per-protocol hooks -------------------------------------------------------------------
+
+    @abstractmethod
+    def _make_stub(self, channel: grpc.aio.Channel) -> Any: ...
+
+    @abstractmethod
+    def _health_request(self) -> Any: ...
+
+    @abstractmethod
+    def _healthy(self, response: Any) -> bool: ...
+
+    @abstractmethod
+    def _model_info_request(self) -> Any: ...
+
+    @abstractmethod
+    def _engine_info(self, response: Any) -> EngineInfo: ...
+
+    @abstractmethod
+    def _server_info_request(self) -> Any: ...
+
+    @abstractmethod
+    def _abort_request(self, request_id: str) -> Any: ...
+
+    @abstractmethod
+    def generate_request(self, call: GenerateCall) -> Any:
+        """The engine's `GenerateRequest` for `call` (public so tests can read the mapping)."""
+
+    @abstractmethod
+    def _read(self, response: Any) -> RawChunk | RawComplete | None: ...
+
+    # -- EngineClient ------------------------------------------------------------------------
+
+    def stub(self) -> Any:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._stub = self._make_stub(self._channel)
+        return self._stub
+
+    async def _unary(self, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self.stub(), method)(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise engine_error(exc) from None
+
+    async def health(self) -> bool:
+        return self._healthy(await self._unary("HealthCheck", self._health_request()))
+
+    async def model_info(self) -> EngineInfo:
+        return self._engine_info(await self._unary("GetModelInfo", self._model_info_request()))
+
+    async def server_info(self) -> dict[str, Any]:
+        response = await self._unary("GetServerInfo", self._server_info_request())
+        return cast(dict[str, Any], MessageToDict(response, preserving_proto_field_name=True))
+
+    async def abort(self, request_id: str) -> None:
+        await self._unary("Abort", self._abort_request(request_id))
+
+    async def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
+        rpc = self.stub().Generate(self.generate_request(call))
+        tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
+        done: EngineDone | None = None
+        try:
+            async for response in rpc:
+                raw = self._read(response)
+                if done is not None or raw is None:
+                    continue  # n = 1: nothing follows the `complete` but the status
+                if isinstance(raw, RawChunk):
+                    chunk = tally.chunk(raw)
+                    if chunk is not None:
+                        yield chunk
+                else:
+                    done = tally.done(raw)
+            # The status is in: the `complete` is final and nothing is left to cancel.
+            yield done if done is not None else tally.ended_without_complete()
+        except grpc.aio.AioRpcError as exc:
+            raise engine_error(exc) from None
+        finally:
+            if not rpc.done():
+                rpc.cancel()
+
+    async def tokenizer_bundle(self) -> bytes:
+        data = bytearray()
+        digest = ""
+        chunks = 0
+        rpc = self.stub().GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=self.bundle_timeout)
+        try:
+            async for chunk in rpc:
+                chunks += 1
+                data.extend(chunk.data)
+                if len(data) > MAX_BUNDLE_BYTES:
+                    raise EngineError("RESOURCE_EXHAUSTED", f"tokenizer bundle exceeds {MAX_BUNDLE_BYTES} bytes")
+                digest = chunk.sha256 or ""
+        except grpc.aio.AioRpcError as exc:
+            raise engine_error(exc) from None
+        finally:
+            if not rpc.done():
+                rpc.cancel()
+        if not chunks or not data:
+            raise EngineError("DATA_LOSS", "the tokenizer bundle stream was empty")
+        if not digest:
+            raise EngineError("DATA_LOSS", "the tokenizer bundle stream ended without its sha256")
+        actual = hashlib.sha256(data).hexdigest()
+        if actual.lower() != digest.strip().lower():
+            raise EngineError("DATA_LOSS", f"tokenizer bundle sha256 mismatch: got {actual}, engine said {digest}")
+        return bytes(data)
+
+    async def close(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.target!r})"
+
+
+def matched_stop(complete: Any) -> tuple[int | None, str | None]:
+    """The `matched_stop` oneof of a `complete` as (token id, string)."""
+    which = complete.WhichOneof("matched_stop")
+    if which == "matched_token_id":
+        return int(complete.matched_token_id), None
+    if which == "matched_stop_str":
+        return None, str(complete.matched_stop_str)
+    return None, None

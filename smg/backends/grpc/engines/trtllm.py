@@ -1,0 +1,111 @@
+"""The TensorRT-LLM protocol (`trtllm.TrtllmService`).
+
+Request: the sampling values in a `SamplingConfig` (beam width 1, one sequence; top_k only when
+the request set one — TRT-LLM reads an unset top_k as disabled), a required `max_tokens`, stop
+strings sent (TRT-LLM tokenizes and matches them), the constraint as `guided_decoding`, input
+ids excluded from the output. Stream: chunks carry new ids and running-total counts; the
+`complete` carries every output id and the total. Stop tokens are left out of the output ids
+(`include_stop_token_in_output` false). Health is a status string, "OK" when serving; model info
+has no EOS ids and names the model by `model_id`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc.aio
+from smg_grpc_proto.generated import trtllm_service_pb2 as pb
+from smg_grpc_proto.generated import trtllm_service_pb2_grpc as pb_grpc
+
+from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete, matched_stop, model_info
+from smg.backends.grpc.types import EngineInfo, GenerateCall
+
+# The Rust gateway's value when a request names no limit; the field is required.
+DEFAULT_MAX_TOKENS = 2048
+
+_GUIDE_TYPES = {
+    "json_schema": pb.GuidedDecodingParams.GUIDE_TYPE_JSON_SCHEMA,
+    "regex": pb.GuidedDecodingParams.GUIDE_TYPE_REGEX,
+    "ebnf": pb.GuidedDecodingParams.GUIDE_TYPE_EBNF_GRAMMAR,
+    "structural_tag": pb.GuidedDecodingParams.GUIDE_TYPE_STRUCTURAL_TAG,
+}
+
+
+class TrtllmClient(GrpcEngineClient):
+    """A TensorRT-LLM engine served over gRPC."""
+
+    runtime = "trtllm"
+    delta_counts = False
+
+    def _make_stub(self, channel: grpc.aio.Channel) -> Any:
+        return pb_grpc.TrtllmServiceStub(channel)
+
+    def _health_request(self) -> Any:
+        return pb.HealthCheckRequest()
+
+    def _healthy(self, response: Any) -> bool:
+        return str(response.status).strip().lower() == "ok"
+
+    def _model_info_request(self) -> Any:
+        return pb.GetModelInfoRequest()
+
+    def _engine_info(self, response: Any) -> EngineInfo:
+        return model_info(
+            model_path=response.model_id,
+            max_context_length=response.max_seq_len or response.max_input_len,
+            vocab_size=response.vocab_size,
+        )
+
+    def _server_info_request(self) -> Any:
+        return pb.GetServerInfoRequest()
+
+    def _abort_request(self, request_id: str) -> Any:
+        return pb.AbortRequest(request_id=request_id)
+
+    def generate_request(self, call: GenerateCall) -> Any:
+        sampling = pb.SamplingConfig(
+            beam_width=1,
+            num_return_sequences=1,
+            top_p=call.top_p if call.top_p is not None else 1.0,
+            temperature=call.temperature if call.temperature is not None else 1.0,
+            repetition_penalty=call.repetition_penalty if call.repetition_penalty is not None else 1.0,
+        )
+        if call.top_k is not None:
+            sampling.top_k = call.top_k
+        if call.min_p is not None:
+            sampling.min_p = call.min_p
+        request = pb.GenerateRequest(
+            request_id=call.request_id,
+            tokenized=pb.TokenizedInput(original_text=call.text, input_token_ids=call.input_ids),
+            sampling_config=sampling,
+            output_config=pb.OutputConfig(exclude_input_from_output=True),
+            max_tokens=call.max_tokens if call.max_tokens is not None else DEFAULT_MAX_TOKENS,
+            streaming=call.stream,
+            stop=call.stop,
+            stop_token_ids=call.stop_token_ids,
+            ignore_eos=False,
+            include_stop_token_in_output=False,
+        )
+        if call.constraint is not None:
+            kind, value = call.constraint
+            request.guided_decoding.CopyFrom(pb.GuidedDecodingParams(guide_type=_GUIDE_TYPES[kind], guide=value))
+        return request
+
+    def _read(self, response: Any) -> RawChunk | RawComplete | None:
+        which = response.WhichOneof("response")
+        if which == "chunk":
+            c = response.chunk
+            return RawChunk(list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+        if which == "complete":
+            c = response.complete
+            token_id, stop_str = matched_stop(c)
+            return RawComplete(
+                output_ids=list(c.output_token_ids),
+                finish_reason=c.finish_reason,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                cached_tokens=c.cached_tokens,
+                matched_token_id=token_id,
+                matched_stop_str=stop_str,
+            )
+        return None

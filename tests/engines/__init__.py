@@ -1,0 +1,1 @@
+"""Tests for the gRPC engine protocol clients, against the scripted engine as a real process."""

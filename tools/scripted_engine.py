@@ -1,0 +1,1172 @@
+"""A scripted gRPC inference engine: one of the five engine protocols, answered as a test says.
+
+It serves the chosen runtime's service (SGLang scheduler, vLLM engine, TensorRT-LLM,
+TokenSpeed scheduler or MLX engine: `Generate`, `HealthCheck`, `Abort`, `GetModelInfo`,
+`GetServerInfo`, `GetTokenizer`) with that protocol's own semantics, and next to it, on the same
+port, a control service `tools.ScriptedEngine` whose unary methods take and return JSON bytes:
+
+- `Script` `{"scripts": [Script, ...], "default": Script?}` queues scripts; each `Generate` takes
+  the next one, else the default one (else the text below);
+- `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order;
+- `Aborts` → `{"request_ids": [...]}`: the ids named by `Abort` calls, in order;
+- `Cancelled` → `{"request_ids": [...]}`: the `Generate` calls the client cancelled, in order;
+- `Release` lets streams waiting at `hold_after` go on; `SetHealth` `{"healthy": bool}`;
+- `Reset` clears scripts, records and health and releases held streams.
+
+A Script is a JSON object (all keys optional):
+`text` (encoded with the model's tokenizer, no special tokens) or `token_ids`; `eos` (default
+true: the first EOS id follows the text, so the engine stops on it); `chunk_size` (tokens per
+chunk, default 1); `finish_reason` and `matched_stop` (int or str) override what the engine
+would report; `prompt_tokens` (default the prompt's length), `cached_tokens`; `delay_ms`
+between chunks; `hold_after` (after that many tokens, wait for `Release`); `error`
+`{"code": "INVALID_ARGUMENT", "message": str, "after_tokens": int}` fails the RPC with that
+status once that many tokens were sent. Without `text` and `token_ids` the text is the default
+one, "Hello! I am the scripted engine, answering over gRPC."
+
+What each runtime does with a script, as its real servicer does (smg-grpc-servicer 0.14.1, the
+TensorRT-LLM servicer, smg-project/smg `crates/grpc_client`):
+
+- the engine stops at `max tokens` ("length"), a `stop_token_ids` hit or an EOS id unless
+  `ignore_eos` ("stop", `matched_token_id`), or a stop string in the decoded text ("stop",
+  `matched_stop_str`; not MLX, which has none);
+- SGLang: chunks carry new ids and running totals; the streamed `complete` repeats the last
+  chunk's ids; stop and EOS tokens stay in the ids and are named as matched;
+- vLLM: each chunk's `completion_tokens` counts that chunk; the streamed `complete` repeats the
+  last chunk's ids and count; the primary EOS (the first id) stops without a `matched_token_id`
+  (vLLM folds only the other EOS ids into its stop ids);
+- TensorRT-LLM: running totals; the `complete` carries every id; stop and EOS tokens are left out
+  of the ids and the counts; health is the status "OK";
+- TokenSpeed: as SGLang, but a matched stop token is trimmed from the ids (still counted);
+- MLX: running totals; the streamed `complete` carries no ids;
+- `Abort` ends an in-flight stream of that id with a `complete` whose finish reason is "abort"
+  (vLLM first sends an empty chunk, as it does).
+
+A prompt longer than the context window or an empty one fails with `INVALID_ARGUMENT`, as vLLM
+answers. `GetTokenizer` streams a zip of the tokenizer files of `--model-path` (the servicers'
+file list) in 64 KiB chunks, the sha256 on the last one.
+
+Run: ``python -m tools.scripted_engine --port P --runtime sglang --model-path DIR
+[--host 127.0.0.1] [--served-model-name NAME] [--reported-model-path PATH] [--max-context-length N]
+[--no-tokenizer-bundle] [--eos-token-ids 1,2] [--default-sampling-params JSON]``. It prints a line starting with
+``scripted engine ready`` once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import io
+import json
+import signal
+import sys
+import time
+import zipfile
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.struct_pb2 import Struct
+from smg_grpc_proto.generated import (
+    common_pb2,
+    mlx_engine_pb2,
+    mlx_engine_pb2_grpc,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+    tokenspeed_scheduler_pb2,
+    tokenspeed_scheduler_pb2_grpc,
+    trtllm_service_pb2,
+    trtllm_service_pb2_grpc,
+    vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
+)
+
+RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+CONTROL_SERVICE = "tools.ScriptedEngine"
+READY_LINE = "scripted engine ready"
+DEFAULT_TEXT = "Hello! I am the scripted engine, answering over gRPC."
+BUNDLE_CHUNK_BYTES = 64 * 1024
+# The files smg_grpc_servicer/tokenizer_bundle.py puts in the bundle, flat at the zip's root.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "tiktoken.model",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+TOKENIZER_GLOBS = ("*.tiktoken", "*.jinja", "*.model")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    # Without this a second server binds the same port silently and a spawn retry never happens.
+    ("grpc.so_reuseport", 0),
+]
+
+
+class ScriptError(ValueError):
+    """A control request the engine cannot accept; answered with `INVALID_ARGUMENT`."""
+
+
+# --- scripts -------------------------------------------------------------------------------------
+
+_SCRIPT_KEYS = frozenset(
+    (
+        "text",
+        "token_ids",
+        "eos",
+        "chunk_size",
+        "finish_reason",
+        "matched_stop",
+        "prompt_tokens",
+        "cached_tokens",
+        "delay_ms",
+        "hold_after",
+        "error",
+    )
+)
+
+
+@dataclass(frozen=True)
+class ScriptedFailure:
+    """The gRPC status a script ends its RPC with, once `after_tokens` tokens were sent."""
+
+    code: grpc.StatusCode
+    message: str
+    after_tokens: int
+
+
+@dataclass(frozen=True)
+class Script:
+    """One validated script."""
+
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    eos: bool = True
+    chunk_size: int = 1
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int = 0
+    delay: float = 0.0
+    hold_after: int | None = None
+    error: ScriptedFailure | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> Script:
+        if not isinstance(raw, dict):
+            raise ScriptError("a script must be a JSON object")
+        unknown = set(raw) - _SCRIPT_KEYS
+        if unknown:
+            raise ScriptError(f"unknown script keys: {', '.join(sorted(unknown))}")
+        text = raw.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ScriptError("text must be a string")
+        token_ids = raw.get("token_ids")
+        if token_ids is not None:
+            if not isinstance(token_ids, list) or not all(_is_count(t) for t in token_ids):
+                raise ScriptError("token_ids must be a list of non-negative integers")
+            if text is not None:
+                raise ScriptError("give text or token_ids, not both")
+        eos = raw.get("eos", True)
+        if not isinstance(eos, bool):
+            raise ScriptError("eos must be a boolean")
+        finish_reason = raw.get("finish_reason")
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            raise ScriptError("finish_reason must be a string")
+        matched = raw.get("matched_stop")
+        if matched is not None and not (isinstance(matched, str) or _is_count(matched)):
+            raise ScriptError("matched_stop must be a token id or a string")
+        delay = raw.get("delay_ms", 0)
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise ScriptError("delay_ms must be a non-negative number")
+        return cls(
+            text=text,
+            token_ids=tuple(token_ids) if token_ids is not None else None,
+            eos=eos,
+            chunk_size=_count(raw, "chunk_size", 1, minimum=1),
+            finish_reason=finish_reason,
+            matched_stop=matched,
+            prompt_tokens=_optional_count(raw, "prompt_tokens"),
+            cached_tokens=_count(raw, "cached_tokens", 0),
+            delay=float(delay) / 1000.0,
+            hold_after=_optional_count(raw, "hold_after"),
+            error=_failure(raw.get("error")),
+        )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(raw: dict[str, Any], key: str, default: int, *, minimum: int = 0) -> int:
+    value = raw.get(key, default)
+    if not _is_count(value) or value < minimum:
+        raise ScriptError(f"{key} must be an integer of at least {minimum}")
+    return int(value)
+
+
+def _optional_count(raw: dict[str, Any], key: str) -> int | None:
+    return _count(raw, key, 0) if raw.get(key) is not None else None
+
+
+def _failure(raw: Any) -> ScriptedFailure | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ScriptError("error must be an object")
+    name = raw.get("code", "INTERNAL")
+    try:
+        code = grpc.StatusCode[str(name).upper()]
+    except KeyError:
+        raise ScriptError(f"error.code {name!r} is not a gRPC status name") from None
+    if code is grpc.StatusCode.OK:
+        raise ScriptError("error.code cannot be OK")
+    message = raw.get("message", "scripted failure")
+    if not isinstance(message, str):
+        raise ScriptError("error.message must be a string")
+    return ScriptedFailure(code, message, _count(raw, "after_tokens", 0))
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """What the engine serves: the model directory, its tokenizer and what it says about itself."""
+
+    path: Path
+    reported_path: str  # the model path GetModelInfo / GetServerInfo tell
+    served_name: str
+    tokenizer: Any
+    max_context_length: int
+    eos_token_ids: list[int]
+    vocab_size: int
+    model_type: str
+    architectures: list[str]
+    bos_token_id: int
+    pad_token_id: int
+    default_sampling: dict[str, Any]
+    bundle_enabled: bool
+    _bundle: tuple[bytes, str] | None = None
+
+    @classmethod
+    def load(cls, args: argparse.Namespace) -> Model:
+        from transformers import AutoTokenizer
+
+        path = Path(args.model_path).resolve()
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        config = _read_json(path / "config.json")
+        generation = _read_json(path / "generation_config.json")
+        if args.eos_token_ids:
+            eos = [int(t) for t in args.eos_token_ids.split(",") if t.strip()]
+        else:
+            eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+            if not eos and tokenizer.eos_token_id is not None:
+                eos = [int(tokenizer.eos_token_id)]
+        defaults = {key: generation[key] for key in SAMPLING_KEYS if generation.get(key) is not None}
+        if args.default_sampling_params:
+            defaults.update(json.loads(args.default_sampling_params))
+        reported = args.reported_model_path or str(path)
+        return cls(
+            path=path,
+            reported_path=reported,
+            served_name=args.served_model_name or reported,
+            tokenizer=tokenizer,
+            max_context_length=args.max_context_length or int(config.get("max_position_embeddings") or 4096),
+            eos_token_ids=eos,
+            vocab_size=int(config.get("vocab_size") or len(tokenizer)),
+            model_type=str(config.get("model_type") or ""),
+            architectures=[str(a) for a in config.get("architectures") or []],
+            bos_token_id=_first(config.get("bos_token_id"), generation.get("bos_token_id")),
+            pad_token_id=_first(config.get("pad_token_id"), generation.get("pad_token_id")),
+            default_sampling=defaults,
+            bundle_enabled=not args.no_tokenizer_bundle,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    @property
+    def default_sampling_json(self) -> str:
+        return json.dumps(self.default_sampling, separators=(",", ":")) if self.default_sampling else ""
+
+    def bundle(self) -> tuple[bytes, str]:
+        """The tokenizer zip and its sha256 hex digest, built once."""
+        if self._bundle is None:
+            buffer = io.BytesIO()
+            added: set[str] = set()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                candidates = [self.path / name for name in TOKENIZER_FILES]
+                for pattern in TOKENIZER_GLOBS:
+                    candidates.extend(sorted(self.path.glob(pattern)))
+                for file in candidates:
+                    if file.is_file() and file.name not in added:
+                        archive.write(file, file.name)
+                        added.add(file.name)
+            data = buffer.getvalue()
+            self._bundle = (data, hashlib.sha256(data).hexdigest())
+        return self._bundle
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value if isinstance(v, int)]
+    return []
+
+
+def _first(*values: Any) -> int:
+    for value in values:
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+# --- what a Generate call asks and what the engine makes of it ----------------------------------
+
+
+@dataclass
+class Asked:
+    """The parts of a `GenerateRequest` the scripted engine acts on, whatever the runtime."""
+
+    request_id: str
+    input_ids: list[int]
+    stream: bool
+    max_tokens: int | None
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool = False
+    keep_stop_token: bool = False
+
+
+@dataclass
+class Plan:
+    """The generation a script and a request make: every token, how it ends, what is trimmed."""
+
+    generated: list[int]
+    finish_reason: str
+    matched_token_id: int | None
+    matched_stop_str: str | None
+    trim_last: bool
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """How a runtime's servicer reports a generation."""
+
+    chunk_counts: str  # "total" (running total) or "delta" (this chunk's tokens)
+    stream_complete_ids: str  # "last" (repeat the last chunk), "all" or "none"
+    trims_stop_token: bool = False  # leaves a matched stop token out of the ids
+    counts_trimmed: bool = False  # ... but counts it
+    names_primary_eos: bool = True  # reports the first EOS id as matched_token_id
+    string_stops: bool = True
+    string_stop_beats_length: bool = False
+    skips_empty_chunks: bool = False
+    empty_chunk_on_abort: bool = False
+
+
+SEMANTICS = {
+    "sglang": Semantics(chunk_counts="total", stream_complete_ids="last"),
+    "vllm": Semantics(
+        chunk_counts="delta",
+        stream_complete_ids="last",
+        names_primary_eos=False,
+        string_stop_beats_length=True,
+        empty_chunk_on_abort=True,
+    ),
+    "trtllm": Semantics(
+        chunk_counts="total",
+        stream_complete_ids="all",
+        trims_stop_token=True,
+        names_primary_eos=False,
+        string_stop_beats_length=True,
+        skips_empty_chunks=True,
+    ),
+    "tokenspeed": Semantics(
+        chunk_counts="total",
+        stream_complete_ids="last",
+        trims_stop_token=True,
+        counts_trimmed=True,
+        skips_empty_chunks=True,
+    ),
+    "mlx": Semantics(chunk_counts="total", stream_complete_ids="none", string_stops=False),
+}
+
+
+def make_plan(script: Script, asked: Asked, model: Model, semantics: Semantics) -> Plan:
+    """Walk the scripted tokens as the engine would generate them, deciding where it stops."""
+    if script.token_ids is not None:
+        tokens = list(script.token_ids)
+    else:
+        tokens = model.encode(script.text if script.text is not None else DEFAULT_TEXT)
+    if script.eos and model.eos_token_ids:
+        tokens.append(model.eos_token_ids[0])
+    stop_ids = set(asked.stop_token_ids)
+    eos_ids = set() if asked.ignore_eos else set(model.eos_token_ids)
+    stops = [s for s in asked.stop if s] if semantics.string_stops else []
+
+    generated: list[int] = []
+    finish, matched_id, matched_str, token_stop = "stop", None, None, False
+    limit = asked.max_tokens
+    if limit is not None and limit <= 0:
+        finish = "length"
+        tokens = []
+    for token in tokens:
+        generated.append(token)
+        hit_str = next((s for s in stops if s in model.decode(generated)), None) if stops else None
+        at_limit = limit is not None and len(generated) >= limit
+        if at_limit and not (hit_str and semantics.string_stop_beats_length):
+            finish = "length"
+            break
+        if token in stop_ids or token in eos_ids:
+            token_stop = True
+            primary_eos = token not in stop_ids and token == model.eos_token_ids[0]
+            matched_id = None if primary_eos and not semantics.names_primary_eos else token
+            break
+        if hit_str is not None:
+            matched_str = hit_str
+            break
+    trim_last = token_stop and semantics.trims_stop_token and not asked.keep_stop_token
+    if script.finish_reason is not None:
+        finish = script.finish_reason
+    if isinstance(script.matched_stop, str):
+        matched_id, matched_str = None, script.matched_stop
+    elif script.matched_stop is not None:
+        matched_id, matched_str = script.matched_stop, None
+    return Plan(
+        generated=generated,
+        finish_reason=finish,
+        matched_token_id=matched_id,
+        matched_stop_str=matched_str,
+        trim_last=trim_last,
+        prompt_tokens=script.prompt_tokens if script.prompt_tokens is not None else len(asked.input_ids),
+        cached_tokens=script.cached_tokens,
+    )
+
+
+# --- the per-runtime wire formats ----------------------------------------------------------------
+
+
+@dataclass
+class Ending:
+    """The fields of a `complete` message."""
+
+    output_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+
+
+class Wire:
+    """One runtime's messages: how to read its requests and write its answers."""
+
+    pb: Any
+    servicer_base: type
+    add_to_server: Callable[[Any, Any], None]
+
+    def asked(self, request: Any) -> Asked:
+        raise NotImplementedError
+
+    def response(self, request_id: str, **part: Any) -> Any:
+        """A `GenerateResponse`, echoing the request id where the protocol has the field."""
+        if "request_id" in self.pb.GenerateResponse.DESCRIPTOR.fields_by_name:
+            part["request_id"] = request_id
+        return self.pb.GenerateResponse(**part)
+
+    def chunk(self, request_id: str, token_ids: list[int], prompt: int, completion: int, cached: int) -> Any:
+        return self.response(
+            request_id,
+            chunk=self.pb.GenerateStreamChunk(
+                token_ids=token_ids, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached
+            ),
+        )
+
+    def complete(self, request_id: str, end: Ending) -> Any:
+        complete = self.pb.GenerateComplete(
+            output_ids=end.output_ids,
+            finish_reason=end.finish_reason,
+            prompt_tokens=end.prompt_tokens,
+            completion_tokens=end.completion_tokens,
+            cached_tokens=end.cached_tokens,
+        )
+        if end.matched_token_id is not None:
+            complete.matched_token_id = end.matched_token_id
+        elif end.matched_stop_str is not None:
+            complete.matched_stop_str = end.matched_stop_str
+        return self.response(request_id, complete=complete)
+
+    def health(self, healthy: bool) -> Any:
+        return self.pb.HealthCheckResponse(healthy=healthy, message="Health" if healthy else "set unhealthy by a test")
+
+    def abort_ids(self, request: Any) -> list[str]:
+        return [str(request.request_id)]
+
+    def abort_response(self, known: bool) -> Any:
+        return self.pb.AbortResponse(success=known, message="aborted" if known else "not found")
+
+    def model_info(self, model: Model) -> Any:
+        raise NotImplementedError
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        raise NotImplementedError
+
+
+def _struct(values: dict[str, Any]) -> Struct:
+    struct = Struct()
+    struct.update(values)
+    return struct
+
+
+class SglangWire(Wire):
+    pb = sglang_scheduler_pb2
+    servicer_base = sglang_scheduler_pb2_grpc.SglangSchedulerServicer
+    add_to_server = staticmethod(sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server)
+
+    def asked(self, request: Any) -> Asked:
+        params = request.sampling_params
+        return Asked(
+            request_id=request.request_id,
+            input_ids=list(request.tokenized.input_ids),
+            stream=request.stream,
+            max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+            keep_stop_token=params.no_stop_trim,
+        )
+
+    def model_info(self, model: Model) -> Any:
+        return self.pb.GetModelInfoResponse(
+            model_path=model.reported_path,
+            tokenizer_path=model.reported_path,
+            is_generation=True,
+            served_model_name=model.served_name,
+            max_context_length=model.max_context_length,
+            vocab_size=model.vocab_size,
+            model_type=model.model_type,
+            architectures=model.architectures,
+            eos_token_ids=model.eos_token_ids,
+            pad_token_id=model.pad_token_id,
+            bos_token_id=model.bos_token_id,
+            max_req_input_len=model.max_context_length,
+            default_sampling_params_json=model.default_sampling_json,
+        )
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        return self.pb.GetServerInfoResponse(
+            server_args=_struct(
+                {
+                    "model_path": model.reported_path,
+                    "served_model_name": model.served_name,
+                    "tokenizer_path": model.reported_path,
+                    "context_length": model.max_context_length,
+                    "tp_size": 1,
+                    "dp_size": 1,
+                }
+            ),
+            scheduler_info=_struct({"max_total_num_tokens": 65536}),
+            active_requests=active,
+            uptime_seconds=uptime,
+            sglang_version="scripted",
+            server_type="grpc",
+            max_total_num_tokens=65536,
+        )
+
+
+class VllmWire(Wire):
+    pb = vllm_engine_pb2
+    servicer_base = vllm_engine_pb2_grpc.VllmEngineServicer
+    add_to_server = staticmethod(vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server)
+
+    def asked(self, request: Any) -> Asked:
+        params = request.sampling_params
+        return Asked(
+            request_id=request.request_id,
+            input_ids=list(request.tokenized.input_ids),
+            stream=request.stream,
+            max_tokens=params.max_tokens if params.HasField("max_tokens") else None,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+        )
+
+    def abort_ids(self, request: Any) -> list[str]:
+        return [str(r) for r in request.request_ids]
+
+    def abort_response(self, known: bool) -> Any:
+        return self.pb.AbortResponse()
+
+    def model_info(self, model: Model) -> Any:
+        return self.pb.GetModelInfoResponse(
+            model_path=model.reported_path,
+            is_generation=True,
+            max_context_length=model.max_context_length,
+            vocab_size=model.vocab_size,
+            served_model_name=model.served_name,
+            tokenizer_path=model.reported_path,
+            model_type=model.model_type,
+            architectures=model.architectures,
+            eos_token_ids=model.eos_token_ids,
+            pad_token_id=model.pad_token_id,
+            bos_token_id=model.bos_token_id,
+            max_req_input_len=model.max_context_length,
+            default_sampling_params_json=model.default_sampling_json,
+        )
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        return self.pb.GetServerInfoResponse(
+            active_requests=active,
+            uptime_seconds=uptime,
+            server_type="vllm-grpc",
+            data_parallel_size=1,
+            kv_cache_dtype="auto",
+            block_size=16,
+            model_dtype="torch.bfloat16",
+            max_num_seqs=128,
+        )
+
+
+class TrtllmWire(Wire):
+    pb = trtllm_service_pb2
+    servicer_base = trtllm_service_pb2_grpc.TrtllmServiceServicer
+    add_to_server = staticmethod(trtllm_service_pb2_grpc.add_TrtllmServiceServicer_to_server)
+
+    def asked(self, request: Any) -> Asked:
+        return Asked(
+            request_id=request.request_id,
+            input_ids=list(request.tokenized.input_token_ids),
+            stream=request.streaming,
+            max_tokens=request.max_tokens,
+            stop=list(request.stop),
+            stop_token_ids=list(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+            keep_stop_token=request.include_stop_token_in_output,
+        )
+
+    def complete(self, request_id: str, end: Ending) -> Any:
+        complete = self.pb.GenerateComplete(
+            output_token_ids=end.output_ids,
+            finish_reason=end.finish_reason,
+            prompt_tokens=end.prompt_tokens,
+            completion_tokens=end.completion_tokens,
+            cached_tokens=end.cached_tokens,
+        )
+        if end.matched_token_id is not None:
+            complete.matched_token_id = end.matched_token_id
+        elif end.matched_stop_str is not None:
+            complete.matched_stop_str = end.matched_stop_str
+        return self.response(request_id, complete=complete)
+
+    def health(self, healthy: bool) -> Any:
+        return self.pb.HealthCheckResponse(status="OK" if healthy else "unhealthy: set by a test")
+
+    def model_info(self, model: Model) -> Any:
+        return self.pb.GetModelInfoResponse(
+            model_id=model.served_name,
+            max_input_len=model.max_context_length,
+            max_seq_len=model.max_context_length,
+            max_batch_size=64,
+            vocab_size=model.vocab_size,
+            supported_features=["guided_decoding"],
+        )
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        return self.pb.GetServerInfoResponse(
+            version="scripted",
+            backend="pytorch",
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            context_parallel_size=1,
+            world_size=1,
+        )
+
+
+class TokenSpeedWire(Wire):
+    pb = tokenspeed_scheduler_pb2
+    servicer_base = tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerServicer
+    add_to_server = staticmethod(tokenspeed_scheduler_pb2_grpc.add_TokenSpeedSchedulerServicer_to_server)
+
+    def asked(self, request: Any) -> Asked:
+        params = request.sampling_params
+        return Asked(
+            request_id=request.request_id,
+            input_ids=list(request.tokenized.input_ids),
+            stream=request.stream,
+            max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+            keep_stop_token=params.no_stop_trim,
+        )
+
+    def model_info(self, model: Model) -> Any:
+        return self.pb.GetModelInfoResponse(
+            model_path=model.reported_path,
+            tokenizer_path=model.reported_path,
+            served_model_name=model.served_name,
+            model_type=model.model_type,
+            architectures=model.architectures,
+            max_context_length=model.max_context_length,
+            max_req_input_len=model.max_context_length,
+            vocab_size=model.vocab_size,
+            eos_token_ids=model.eos_token_ids,
+            pad_token_id=model.pad_token_id,
+            bos_token_id=model.bos_token_id,
+            default_sampling_params_json=model.default_sampling_json,
+            model_dtype="bfloat16",
+        )
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        return self.pb.GetServerInfoResponse(
+            server_args=_struct(
+                {
+                    "model": model.reported_path,
+                    "served_model_name": model.served_name,
+                    "tokenizer": model.reported_path,
+                    "context_length": model.max_context_length,
+                }
+            ),
+            scheduler_info=_struct({}),
+            active_requests=active,
+            uptime_seconds=uptime,
+            max_total_num_tokens=65536,
+            tokenspeed_version="scripted",
+        )
+
+
+class MlxWire(Wire):
+    pb = mlx_engine_pb2
+    servicer_base = mlx_engine_pb2_grpc.MlxEngineServicer
+    add_to_server = staticmethod(mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server)
+
+    def asked(self, request: Any) -> Asked:
+        params = request.sampling_params
+        return Asked(
+            request_id=request.request_id,
+            input_ids=list(request.tokenized.input_ids),
+            stream=request.stream,
+            max_tokens=params.max_tokens if params.HasField("max_tokens") else None,
+            stop=[],
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+        )
+
+    def complete(self, request_id: str, end: Ending) -> Any:
+        complete = self.pb.GenerateComplete(
+            output_ids=end.output_ids,
+            finish_reason=end.finish_reason,
+            prompt_tokens=end.prompt_tokens,
+            completion_tokens=end.completion_tokens,
+            cached_tokens=end.cached_tokens,
+        )
+        if end.matched_token_id is not None:
+            complete.matched_stop_token_id = end.matched_token_id
+        return self.response(request_id, complete=complete)
+
+    def abort_ids(self, request: Any) -> list[str]:
+        return [str(r) for r in request.request_ids]
+
+    def abort_response(self, known: bool) -> Any:
+        return self.pb.AbortResponse()
+
+    def health(self, healthy: bool) -> Any:
+        return self.pb.HealthCheckResponse(healthy=healthy, message="OK" if healthy else "set unhealthy by a test")
+
+    def model_info(self, model: Model) -> Any:
+        return self.pb.GetModelInfoResponse(
+            model_path=model.reported_path,
+            is_generation=True,
+            max_context_length=model.max_context_length,
+            vocab_size=model.vocab_size,
+            served_model_name=model.served_name,
+            model_type=model.model_type,
+            architectures=model.architectures,
+            eos_token_ids=model.eos_token_ids,
+            pad_token_id=model.pad_token_id,
+            bos_token_id=model.bos_token_id,
+            max_req_input_len=model.max_context_length,
+        )
+
+    def server_info(self, model: Model, active: int, uptime: float) -> Any:
+        return self.pb.GetServerInfoResponse(server_type="mlx-grpc", active_requests=active, uptime_seconds=uptime)
+
+
+WIRES: dict[str, type[Wire]] = {
+    "sglang": SglangWire,
+    "vllm": VllmWire,
+    "trtllm": TrtllmWire,
+    "tokenspeed": TokenSpeedWire,
+    "mlx": MlxWire,
+}
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Engine:
+    """The scripted engine's state: scripts, records, health, and the streams in flight."""
+
+    runtime: str
+    model: Model
+    scripts: deque[Script] = field(default_factory=deque)
+    default: Script | None = None
+    received: list[dict[str, Any]] = field(default_factory=list)
+    aborts: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    healthy: bool = True
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: dict[str, _Stream] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.wire = WIRES[self.runtime]()
+        self.semantics = SEMANTICS[self.runtime]
+
+    # -- control ----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        self.released.set()
+        self.released = asyncio.Event()
+
+    def reset(self) -> None:
+        self.scripts.clear()
+        self.default = None
+        self.received.clear()
+        self.aborts.clear()
+        self.cancelled.clear()
+        self.healthy = True
+        self.release()
+
+    async def control(self, method: str, body: bytes) -> dict[str, Any]:
+        payload = json.loads(body or b"{}") if body else {}
+        if not isinstance(payload, dict):
+            raise ScriptError("the body must be a JSON object")
+        if method == "Script":
+            scripts = [Script.parse(s) for s in payload.get("scripts") or []]
+            default = Script.parse(payload["default"]) if payload.get("default") is not None else None
+            self.scripts.extend(scripts)
+            if default is not None:
+                self.default = default
+            return {"queued": len(self.scripts)}
+        if method == "Received":
+            return {"requests": list(self.received)}
+        if method == "Aborts":
+            return {"request_ids": list(self.aborts)}
+        if method == "Cancelled":
+            return {"request_ids": list(self.cancelled)}
+        if method == "Reset":
+            self.reset()
+            return {"reset": True}
+        if method == "Release":
+            self.release()
+            return {"released": True}
+        if method == "SetHealth":
+            healthy = payload.get("healthy")
+            if not isinstance(healthy, bool):
+                raise ScriptError("healthy must be a boolean")
+            self.healthy = healthy
+            return {"healthy": healthy}
+        raise ScriptError(f"unknown control method {method}")
+
+    # -- the engine service -----------------------------------------------------------------
+
+    async def generate(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        self.received.append(MessageToDict(request, preserving_proto_field_name=True))
+        asked = self.wire.asked(request)
+        refusal = self._refusal(asked)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+        script = self.scripts.popleft() if self.scripts else (self.default or Script())
+        plan = make_plan(script, asked, self.model, self.semantics)
+        stream = _Stream()
+        self.streams[asked.request_id] = stream
+        try:
+            async for response in self._run(asked, script, plan, stream, context):
+                yield response
+        except asyncio.CancelledError:
+            self.cancelled.append(asked.request_id)
+            raise
+        finally:
+            if self.streams.get(asked.request_id) is stream:
+                del self.streams[asked.request_id]
+
+    def _refusal(self, asked: Asked) -> str | None:
+        if not asked.input_ids:
+            return "The decoder prompt cannot be empty"
+        if len(asked.input_ids) > self.model.max_context_length:
+            return (
+                f"The decoder prompt (length {len(asked.input_ids)}) is longer than the maximum model length "
+                f"of {self.model.max_context_length}. Make sure that `max_model_len` is no smaller than the "
+                "number of text tokens."
+            )
+        return None
+
+    async def _run(
+        self, asked: Asked, script: Script, plan: Plan, stream: _Stream, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        semantics, wire, rid = self.semantics, self.wire, asked.request_id
+        generated = plan.generated
+        groups = [generated[i : i + script.chunk_size] for i in range(0, len(generated), script.chunk_size)]
+        last_visible: list[int] = []
+        sent = 0  # tokens generated so far
+        visible_sent: list[int] = []
+        chunks_sent = 0
+        held = False
+        for index, group in enumerate(groups):
+            if script.hold_after is not None and not held and sent >= script.hold_after:
+                held = True
+                await self._pause(stream, self.released, None)
+            if script.error is not None and sent >= script.error.after_tokens:
+                await context.abort(script.error.code, script.error.message)
+            if index and script.delay:
+                await self._pause(stream, None, script.delay)
+            if stream.aborted.is_set():
+                async for response in self._aborted(asked, plan, sent, visible_sent, chunks_sent):
+                    yield response
+                return
+            final = index == len(groups) - 1
+            visible = group[:-1] if final and plan.trim_last else list(group)
+            sent += len(group)
+            visible_sent.extend(visible)
+            last_visible = visible
+            if not asked.stream or (semantics.skips_empty_chunks and not visible and chunks_sent):
+                continue
+            if semantics.chunk_counts == "delta":
+                count = len(visible)
+            elif semantics.trims_stop_token and not semantics.counts_trimmed:
+                count = len(visible_sent)
+            else:
+                count = sent
+            chunks_sent += 1
+            yield wire.chunk(rid, visible, plan.prompt_tokens, count, plan.cached_tokens)
+        if script.hold_after is not None and not held and sent >= script.hold_after:
+            await self._pause(stream, self.released, None)
+        if script.error is not None:
+            await context.abort(script.error.code, script.error.message)
+        if stream.aborted.is_set():
+            async for response in self._aborted(asked, plan, sent, visible_sent, chunks_sent):
+                yield response
+            return
+        total = sent if semantics.counts_trimmed or not plan.trim_last else len(visible_sent)
+        if not asked.stream:
+            ids, count = visible_sent, total
+        elif semantics.stream_complete_ids == "last":
+            ids = last_visible
+            count = len(last_visible) if semantics.chunk_counts == "delta" else total
+        elif semantics.stream_complete_ids == "all":
+            ids, count = visible_sent, total
+        else:
+            ids, count = [], total
+        yield wire.complete(
+            rid,
+            Ending(
+                output_ids=ids,
+                finish_reason=plan.finish_reason,
+                prompt_tokens=plan.prompt_tokens,
+                completion_tokens=count,
+                cached_tokens=plan.cached_tokens,
+                matched_token_id=plan.matched_token_id,
+                matched_stop_str=plan.matched_stop_str,
+            ),
+        )
+
+    async def _aborted(
+        self, asked: Asked, plan: Plan, sent: int, visible_sent: list[int], chunks_sent: int
+    ) -> AsyncIterator[Any]:
+        semantics, rid = self.semantics, asked.request_id
+        if asked.stream and semantics.empty_chunk_on_abort:
+            yield self.wire.chunk(rid, [], plan.prompt_tokens, 0, plan.cached_tokens)
+        if not asked.stream or semantics.stream_complete_ids == "all":
+            ids = list(visible_sent)
+        else:
+            ids = []
+        count = 0 if asked.stream and semantics.chunk_counts == "delta" else sent
+        yield self.wire.complete(
+            rid,
+            Ending(
+                output_ids=ids,
+                finish_reason="abort",
+                prompt_tokens=plan.prompt_tokens,
+                completion_tokens=count,
+                cached_tokens=plan.cached_tokens,
+            ),
+        )
+
+    @staticmethod
+    async def _pause(stream: _Stream, until: asyncio.Event | None, seconds: float | None) -> None:
+        """Wait for `until` (or `seconds`), cut short by an abort of the stream."""
+        waiters = [asyncio.ensure_future(stream.aborted.wait())]
+        if until is not None:
+            waiters.append(asyncio.ensure_future(until.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def health(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.wire.health(self.healthy)
+
+    async def abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        known = False
+        for request_id in self.wire.abort_ids(request):
+            self.aborts.append(request_id)
+            stream = self.streams.get(request_id)
+            if stream is not None:
+                stream.aborted.set()
+                known = True
+        return self.wire.abort_response(known)
+
+    async def model_info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.wire.model_info(self.model)
+
+    async def server_info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.wire.server_info(self.model, len(self.streams), time.time() - self.started)
+
+    async def tokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if not self.model.bundle_enabled:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Tokenizer path is not configured on this server.")
+        data, digest = self.model.bundle()
+        for offset in range(0, len(data), BUNDLE_CHUNK_BYTES):
+            end = min(offset + BUNDLE_CHUNK_BYTES, len(data))
+            yield common_pb2.GetTokenizerChunk(data=data[offset:end], sha256=digest if end == len(data) else "")
+
+
+def servicer(engine: Engine) -> Any:
+    """The runtime's generated servicer, its scripted methods bound to `engine` (the others
+    answer `UNIMPLEMENTED`, as the generated base does)."""
+
+    # grpc.aio tells coroutine and async-generator handlers from plain ones by their function
+    # kind, so each method is a real `async def`, not a lambda returning a coroutine.
+    async def generate(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for response in engine.generate(request, context):
+            yield response
+
+    async def tokenizer(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for chunk in engine.tokenizer(request, context):
+            yield chunk
+
+    async def health(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.health(request, context)
+
+    async def abort(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.abort(request, context)
+
+    async def model_info(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.model_info(request, context)
+
+    async def server_info(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.server_info(request, context)
+
+    methods = {
+        "Generate": generate,
+        "GetTokenizer": tokenizer,
+        "HealthCheck": health,
+        "Abort": abort,
+        "GetModelInfo": model_info,
+        "GetServerInfo": server_info,
+    }
+    cls = type(f"Scripted{engine.wire.servicer_base.__name__}", (engine.wire.servicer_base,), methods)
+    return cls()
+
+
+CONTROL_METHODS = ("Script", "Received", "Aborts", "Cancelled", "Reset", "Release", "SetHealth")
+
+
+def control_handler(engine: Engine) -> grpc.GenericRpcHandler:
+    """The `tools.ScriptedEngine` service: JSON bytes in, JSON bytes out."""
+
+    def method(name: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        async def handle(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                answer = await engine.control(name, body)
+            except (ScriptError, ValueError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return json.dumps(answer).encode()
+
+        return handle
+
+    handlers = {name: grpc.unary_unary_rpc_method_handler(method(name)) for name in CONTROL_METHODS}
+    return grpc.method_handlers_generic_handler(CONTROL_SERVICE, handlers)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    model = Model.load(args)
+    engine = Engine(args.runtime, model)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    engine.wire.add_to_server(servicer(engine), server)
+    server.add_generic_rpc_handlers((control_handler(engine),))
+    address = f"{args.host}:{args.port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as exc:
+        print(f"cannot bind {address}: address already in use ({exc})", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"{READY_LINE}: runtime={args.runtime} model={model.served_name} grpc://{address}", flush=True)
+    await stopping.wait()
+    await server.stop(grace=0.5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.scripted_engine", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--runtime", choices=RUNTIMES, default="sglang")
+    parser.add_argument("--model-path", required=True, help="a transformers-loadable tokenizer directory")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--reported-model-path",
+        default=None,
+        help="the model/tokenizer path model info tells (default --model-path), e.g. one the gateway cannot read",
+    )
+    parser.add_argument("--max-context-length", type=int, default=None)
+    parser.add_argument("--no-tokenizer-bundle", action="store_true", help="GetTokenizer answers FAILED_PRECONDITION")
+    parser.add_argument("--eos-token-ids", default="", help="comma-separated; default generation_config.json's")
+    parser.add_argument("--default-sampling-params", default="", help="JSON merged into default_sampling_params_json")
+    asyncio.run(serve(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
