@@ -1,0 +1,188 @@
+"""An Anthropic request turned into chat-template inputs: OpenAI-style messages and function tools
+(behaviors.md §F.2).
+
+Media is never fetched: an image becomes a placeholder part, a document becomes its text, and a
+document with no text of its own cannot be rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+
+from smg.protocol.content import (
+    DocumentBlock,
+    ImageBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from smg.protocol.errors import ApiError
+from smg.protocol.request import (
+    CountTokensRequest,
+    CreateMessageRequest,
+    InputMessage,
+    ToolChoice,
+    ToolChoiceNone,
+    ToolChoiceTool,
+)
+from smg.protocol.tools import CustomTool, Tool
+
+ContentFormat = Literal["string", "openai"]
+ChatMessage = dict[str, Any]
+Part = dict[str, Any]
+
+IMAGE_PART: Part = {"type": "image"}
+
+
+def convert_messages(
+    request: CreateMessageRequest | CountTokensRequest,
+    content_format: ContentFormat = "string",
+    image_placeholder: str | None = None,
+    media_first: bool = True,
+) -> list[ChatMessage]:
+    """The conversation as chat-template messages: the top-level system prompt first, then each
+    message in order. `image_placeholder` is what a "string" template gets for an image (images
+    are dropped without one); `media_first` hoists images before text, keeping their order."""
+    out: list[ChatMessage] = []
+    if request.system is not None:
+        out.append({"role": "system", "content": _system_text(request.system)})
+    for index, message in enumerate(request.messages):
+        if message.role == "system":
+            out.append({"role": "system", "content": _system_text(message.content)})
+        elif message.role == "user":
+            out.extend(_user(message, index, content_format, image_placeholder, media_first))
+        else:
+            out.append(_assistant(message))
+    return out
+
+
+def convert_tools(tools: Sequence[Tool] | None, tool_choice: ToolChoice | None) -> list[dict[str, Any]] | None:
+    """The custom tools as OpenAI function tools, as the template sees them: only the named tool
+    for `tool_choice: tool`, none for `tool_choice: none`; None when nothing is left."""
+    if not tools or isinstance(tool_choice, ToolChoiceNone):
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, CustomTool):
+            continue
+        if isinstance(tool_choice, ToolChoiceTool) and tool.name != tool_choice.name:
+            continue
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        function["parameters"] = tool.input_schema.model_dump(mode="json", exclude_unset=True)
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+# --- per role ----------------------------------------------------------------------------------
+
+
+def _system_text(content: str | Sequence[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(block.text for block in content if isinstance(block, TextBlock))
+
+
+def _user(
+    message: InputMessage,
+    index: int,
+    content_format: ContentFormat,
+    image_placeholder: str | None,
+    media_first: bool,
+) -> list[ChatMessage]:
+    if isinstance(message.content, str):
+        return [{"role": "user", "content": message.content}]
+    parts: list[Part] = []
+    tools: list[ChatMessage] = []
+    for position, block in enumerate(message.content):
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append(dict(IMAGE_PART))
+        elif isinstance(block, DocumentBlock):
+            parts.append({"type": "text", "text": _document_text(block, f"messages.{index}.content.{position}")})
+        elif isinstance(block, ToolResultBlock):
+            tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)})
+    out: list[ChatMessage] = []
+    if parts:
+        if media_first:
+            parts = [p for p in parts if p["type"] == "image"] + [p for p in parts if p["type"] != "image"]
+        content: str | list[Part] = parts if content_format == "openai" else _join(parts, image_placeholder)
+        out.append({"role": "user", "content": content})
+    out.extend(tools)
+    return out
+
+
+def _assistant(message: InputMessage) -> ChatMessage:
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": _arguments(block.input)},
+                }
+            )
+    out: ChatMessage = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if thinking:
+        out["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+# --- blocks ------------------------------------------------------------------------------------
+
+
+def _join(parts: Sequence[Part], image_placeholder: str | None) -> str:
+    texts: list[str] = []
+    for part in parts:
+        if part["type"] == "text":
+            texts.append(part["text"])
+        elif image_placeholder is not None:
+            texts.append(image_placeholder)
+    return "\n".join(texts)
+
+
+def _document_text(block: DocumentBlock, path: str) -> str:
+    text = block.source_text()
+    if text is None:
+        raise ApiError(
+            400,
+            f"{path}: document source of type '{block.source.type}' has no text; "
+            "only text and content document sources can be rendered for this model",
+            code="process_messages_failed",
+        )
+    return text
+
+
+def _tool_result_text(block: ToolResultBlock) -> str:
+    if block.content is None:
+        return ""
+    if isinstance(block.content, str):
+        return block.content
+    return "\n".join(part.text for part in block.content if isinstance(part, TextBlock))
+
+
+def _arguments(value: Any) -> Any:
+    """The call's input as the JSON object templates expect, through a JSON round trip."""
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except (orjson.JSONEncodeError, orjson.JSONDecodeError) as exc:
+        raise ApiError(
+            400, f"Failed to parse tool call arguments as JSON: {exc}", code="process_messages_failed"
+        ) from exc
