@@ -6,6 +6,7 @@ This package is the ground floor: it imports nothing of `smg` or `replay`.
 from journal.events import (
     Block,
     Completed,
+    Counted,
     Error,
     Event,
     McpCall,
@@ -27,6 +28,7 @@ from journal.events import (
 __all__ = [
     "Block",
     "Completed",
+    "Counted",
     "Error",
     "Event",
     "McpCall",

@@ -107,6 +107,10 @@ class Rendered(Event):
     prompt_digest: str
     stop_ids: list[int] = field(default_factory=list)
     constraint: dict[str, Any] | None = None
+    # What recomputing the response from the `tokens` events needs: the tokenizer's source and
+    # the generation settings (message id, stops, eos ids, …) exactly as the gateway used them.
+    tokenizer: str | None = None
+    settings: dict[str, Any] | None = None
 
 
 @_register
@@ -120,6 +124,15 @@ class Tokens(Event):
     completion_tokens: int | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
+
+
+@_register
+@dataclass(slots=True)
+class Counted(Event):
+    """gRPC/ZMQ `count_tokens`: the gateway's own answer."""
+
+    kind: ClassVar[str] = "counted"
+    input_tokens: int
 
 
 @_register

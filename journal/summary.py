@@ -14,6 +14,7 @@ from typing import Any
 from journal.events import (
     Block,
     Completed,
+    Counted,
     Error,
     Event,
     McpCall,
@@ -43,6 +44,9 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
         _apply_block(summary, event)
     elif isinstance(event, Upstream):
         _first_event(summary, event)
+    elif isinstance(event, Counted):
+        _first_event(summary, event)
+        summary["input_tokens"] = event.input_tokens
     elif isinstance(event, Received):
         summary["ts"] = event.ts
         summary["method"] = event.method
@@ -158,6 +162,8 @@ def describe(event: Event) -> str:
             f"prompt_tokens={event.prompt_tokens} digest={event.prompt_digest[:12]}"
             f" stop_ids={event.stop_ids}" + (" constrained" if event.constraint else "")
         )
+    if isinstance(event, Counted):
+        return f"input_tokens={event.input_tokens}"
     if isinstance(event, Rejected):
         return f"{event.status} {event.error_type}{_code(event.code)}: {_clip(event.message)}"
     if isinstance(event, Error):

@@ -38,6 +38,8 @@ class GatewayConfig:
     request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
     upstream_transport: str = "aiohttp"  # measured faster: see tools/bench and the README
     mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)
+    chat_template: Path | None = None  # overrides the tokenizer's template (gRPC workers)
+    tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

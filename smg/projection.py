@@ -10,6 +10,7 @@ shows is what the client received.
   an error status becomes the Messages envelope.
 - Engine backends: `block` events; a stream is their SSE frames, a buffered answer is the
   message they build.
+- `counted`: the gateway's own count_tokens answer.
 - `stream_opened`: a stream's head is sent before any block (the MCP tool loop).
 - Any `error` event: the envelope before the first byte, an SSE `error` frame after it.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from journal.events import Block, Error, Event, Received, StreamOpened, Upstream, Validated
+from journal.events import Block, Counted, Error, Event, Received, StreamOpened, Upstream, Validated
 from smg.protocol.errors import envelope, error_from_upstream
 from smg.protocol.fold import BlockFold
 from smg.protocol.stream import error_event, sse_frame
@@ -88,6 +89,11 @@ class Projection:
             return self._error(event)
         if isinstance(event, StreamOpened):
             return self._open() if self.stream and not self.started else []
+        if isinstance(event, Counted):
+            self.done = True
+            self.status = 200
+            body = orjson.dumps({"input_tokens": event.input_tokens})
+            return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
         return []
 
     def finish(self) -> list[Action]:

@@ -49,6 +49,8 @@ def build_config(
     health_check_interval_secs: float,
     upstream_transport: str,
     mcp_config_path: Path | None = None,
+    chat_template: Path | None = None,
+    tokenizer_autoload: bool = True,
 ) -> GatewayConfig:
     if not worker_urls:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000)")
@@ -58,10 +60,23 @@ def build_config(
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-    if kinds - {"http"}:
-        unsupported = ", ".join(sorted(kinds - {"http"}))
-        raise LaunchError(f"{unsupported} workers are not supported by this gateway yet; use http(s):// worker URLs")
-    if backend is not None:
+    if "zmq" in kinds:
+        raise LaunchError("ipc:// (ZMQ) workers are not supported by this gateway yet; use grpc:// or http(s)://")
+    if len(kinds) > 1:
+        raise LaunchError("mixing gRPC and HTTP workers needs IGW mode, which this gateway does not serve yet")
+    grpc = kinds == {"grpc"}
+    if grpc:
+        if backend is None:
+            backend = "sglang"
+        if backend not in _ENGINE_RUNTIMES:
+            runtimes = ", ".join(_ENGINE_RUNTIMES)
+            raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
+        for path, flag in ((tokenizer_path, "--tokenizer-path"), (model_path, "--model-path")):
+            if path and not Path(path).exists():
+                log.warning("%s %s is not a local directory; loading it needs the Hugging Face hub", flag, path)
+        if chat_template is not None and not chat_template.is_file():
+            raise LaunchError(f"--chat-template {chat_template}: no such file")
+    elif backend is not None:
         if backend in _ENGINE_RUNTIMES or backend == "openai":
             pass  # the relay serves any engine that implements the Messages API over HTTP
         elif backend == "anthropic":
@@ -79,7 +94,7 @@ def build_config(
             raise LaunchError(str(exc)) from None
         if backend != "anthropic":
             log.warning("--mcp-config-path is used only by the MCP tool loop of --backend anthropic")
-    if model_path or tokenizer_path:
+    if (model_path or tokenizer_path or chat_template) and not grpc:
         log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
     if upstream_transport not in TRANSPORTS:
         raise LaunchError(f"--upstream-transport must be one of {', '.join(TRANSPORTS)}")
@@ -107,6 +122,8 @@ def build_config(
         health_check_interval_secs=health_check_interval_secs,
         upstream_transport=upstream_transport,
         mcp_config_path=mcp_config_path,
+        chat_template=chat_template,
+        tokenizer_autoload=tokenizer_autoload,
     )
 
 
@@ -118,7 +135,11 @@ def run(config: GatewayConfig) -> None:
 
     registry = WorkerRegistry()
     backend: Backend
-    if config.backend == "anthropic":
+    if config.worker_urls and worker_kind(config.worker_urls[0]) == "grpc":
+        from smg.backends.grpc.backend import GrpcBackend
+
+        backend = GrpcBackend(config, registry, list(config.worker_urls))
+    elif config.backend == "anthropic":
         from smg.backends.anthropic import AnthropicBackend
 
         backend = AnthropicBackend(config, registry, list(config.worker_urls))

@@ -30,8 +30,6 @@ NOT_YET = {
     "--policy": "routing policies other than round robin",
     "--tool-call-parser": "tool-call parsers (gRPC workers)",
     "--reasoning-parser": "reasoning parsers (gRPC workers)",
-    "--chat-template": "chat templates (gRPC workers)",
-    "--disable-tokenizer-autoload": "the tokenizer registry (gRPC workers)",
     "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
     "--max-concurrent-requests": "concurrency admission",
     "--tenant-rate-limit-enabled": "tenant rate limiting",
@@ -101,6 +99,17 @@ def launch(
         Path | None,
         typer.Option(help="MCP tool loop policy file, YAML or JSON (see smg.mcp.config); --backend anthropic."),
     ] = None,
+    chat_template: Annotated[
+        Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's (gRPC workers).")
+    ] = None,
+    disable_tokenizer_autoload: Annotated[
+        bool,
+        typer.Option(
+            "--disable-tokenizer-autoload",
+            help="Never fetch a tokenizer from a gRPC worker: only --model-path, --tokenizer-path or "
+            "POST /v1/tokenizers register one.",
+        ),
+    ] = False,
 ) -> None:
     """Start the gateway."""
     from smg.cli.launch import LaunchError, build_config, run
@@ -135,6 +144,8 @@ def launch(
             health_check_interval_secs=health_check_interval_secs,
             upstream_transport=upstream_transport,
             mcp_config_path=mcp_config_path,
+            chat_template=chat_template,
+            tokenizer_autoload=not disable_tokenizer_autoload,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)

@@ -16,7 +16,7 @@ from smg.backends.base import Backend, Endpoint
 from smg.config import GatewayConfig
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
-from smg.server import messages
+from smg.server import messages, tokenizers
 from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
@@ -135,6 +135,22 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
         return _refused(request) or retrieve_model(
             request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id
         )
+
+    @app.route("/v1/tokenizers", methods=["GET", "POST"], name="tokenizers")
+    async def _tokenizers(request: Any) -> HTTPResponse:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        return await (tokenizers.register(request) if request.method == "POST" else tokenizers.list_all(request))
+
+    @app.route("/v1/tokenizers/<key:path>", methods=["GET", "DELETE"], name="tokenizer")
+    async def _tokenizer(request: Any, key: str) -> HTTPResponse:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        if request.method == "DELETE":
+            return await tokenizers.remove(request, key)
+        return await tokenizers.status(request, key.removesuffix("/status"))
 
     @app.get("/health", name="health")
     async def _health(request: Any) -> HTTPResponse:

@@ -1,0 +1,116 @@
+"""What a gRPC engine serves and whether it is up, and getting its model a tokenizer.
+
+At start and on a schedule each engine is asked `GetModelInfo` (model id, context window,
+eos ids, sampling defaults) and `HealthCheck`. The first time a model is seen, its tokenizer
+is registered: from `--tokenizer-path`/`--model-path` when given, else (autoload) from the
+engine's own `tokenizer_path`/`model_path` when that directory exists here, else from the
+engine's `GetTokenizer` bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from smg.backends.grpc.types import EngineClient, EngineError, EngineInfo
+from smg.pipeline.tokenizers.registry import TokenizerRegistry
+from smg.routing.workers import Worker
+
+log = logging.getLogger("smg.grpc.discovery")
+
+
+@dataclass
+class EngineWorker:
+    """A gRPC worker: its registry entry, its protocol client and what it last told us."""
+
+    worker: Worker
+    client: EngineClient
+    info: EngineInfo | None = None
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+
+
+async def discover(engine: EngineWorker) -> bool:
+    """Ask the engine what it serves; True when it answered."""
+    worker = engine.worker
+    try:
+        info = await engine.client.model_info()
+        healthy = await engine.client.health()
+    except EngineError as exc:
+        error = f"model discovery failed: {exc.message or exc.code}"
+        if error != worker.last_error:
+            log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
+        worker.last_error = error
+        worker.healthy = False
+        return False
+    engine.info = info
+    worker.models = {info.model_id}
+    worker.context_windows = {info.model_id: info.max_context_length} if info.max_context_length else {}
+    worker.discovered = True
+    worker.healthy = healthy
+    worker.last_error = None if healthy else "health check answered unhealthy"
+    if healthy:
+        worker.consecutive_failures = 0
+    log.info(
+        "worker %s (%s) serves %s, context window %s",
+        worker.url,
+        engine.client.runtime,
+        info.model_id,
+        info.max_context_length or "not advertised",
+    )
+    return True
+
+
+async def check_health(engine: EngineWorker) -> bool:
+    worker = engine.worker
+    try:
+        ok = await engine.client.health()
+        worker.last_error = None if ok else "health check answered unhealthy"
+    except EngineError as exc:
+        ok = False
+        worker.last_error = f"health check failed: {exc.message or exc.code}"
+    if ok != worker.healthy:
+        log.warning("worker %s is now %s", worker.url, "healthy" if ok else f"unhealthy ({worker.last_error})")
+    worker.healthy = ok
+    if ok:
+        worker.consecutive_failures = 0
+    return ok
+
+
+async def register_tokenizer(
+    engine: EngineWorker,
+    registry: TokenizerRegistry,
+    *,
+    configured_path: str | None,
+    chat_template: str | None,
+) -> None:
+    """Give the engine's model a tokenizer, unless it has one or one is loading."""
+    info = engine.info
+    if info is None:
+        return
+    model = info.model_id
+    existing = registry.lookup(model)
+    if existing is not None and existing.name == model and existing.status != "failed":
+        return
+    if configured_path:
+        await registry.load(model, configured_path, chat_template)
+        return
+    if not registry.autoload:
+        return
+    for label in (info.tokenizer_path, info.model_path):
+        if label and os.path.isdir(label):
+            await registry.load(model, label, chat_template)
+            return
+    try:
+        bundle = await engine.client.tokenizer_bundle()
+    except EngineError as exc:
+        registry.note_failure(
+            model,
+            f"no path to load it from (the engine's tokenizer path is not on this machine and GetTokenizer "
+            f"failed: {exc.message or exc.code})",
+        )
+        return
+    try:
+        await registry.load_bundle(model, bundle, engine.worker.url, chat_template)
+    except Exception:  # recorded by the registry as the model's load failure
+        return
