@@ -1,6 +1,9 @@
-"""`make demo`: the gateway on 127.0.0.1:30000 in front of an embedded scripted HTTP worker.
+"""`make demo`: the gateway on 127.0.0.1:30000 in front of an embedded scripted gRPC engine.
 
-Starts both as real processes, sends one request through to prove the path works, prints a
+The engine speaks the real SGLang scheduler protocol and serves the Qwen3-style fixture
+tokenizer from `tests/fixtures/qwen3`; the gateway renders the chat template, tokenizes,
+streams tokens from the engine and builds the Anthropic response itself. Starts both as
+real processes, sends one request through to prove the path works, prints a
 `curl` and an `anthropic` SDK snippet to try, and serves until interrupted.
 """
 
@@ -10,18 +13,21 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
-from tools.spawn import Spawned, spawn_gateway, spawn_worker
+from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 MODEL = "smg-demo"
+TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "qwen3"
 PORT = int(os.environ.get("SMG_DEMO_PORT", "30000"))
 
 
 def _snippets(url: str) -> str:
     return f"""
-The gateway is serving {url} (model "{MODEL}", answered by a scripted worker that echoes).
+The gateway is serving {url} (model "{MODEL}": a scripted SGLang engine over gRPC,
+with the Qwen3-style fixture tokenizer; it answers with a fixed sentence, token by token).
 The journal is ./smg-journal.db; read it with `.venv/bin/smg journal ls` and `.venv/bin/smg journal show ID`.
 
 Try it with curl:
@@ -48,8 +54,13 @@ def main() -> int:
     worker: Spawned | None = None
     gateway: Spawned | None = None
     try:
-        worker = spawn_worker(models=[MODEL])
-        gateway = spawn_gateway([worker.url], port=PORT, journal=os.path.abspath("smg-journal.db"))
+        worker = spawn_engine("sglang", model_path=TOKENIZER, extra=["--served-model-name", MODEL])
+        gateway = spawn_gateway(
+            [worker.url],
+            port=PORT,
+            journal=os.path.abspath("smg-journal.db"),
+            extra=["--model-path", str(TOKENIZER)],
+        )
         answer = httpx.post(
             f"{gateway.url}/v1/messages",
             json={"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "self-check"}]},
@@ -57,7 +68,8 @@ def main() -> int:
             timeout=10,
         )
         answer.raise_for_status()
-        print(f"self-check: {answer.json()['content'][0]['text']!r} via {answer.headers['x-smg-routed-worker-id']}")
+        body = answer.json()
+        print(f"self-check: {body['content'][0]['text']!r} ({body['usage']['output_tokens']} tokens via {worker.url})")
         print(_snippets(gateway.url), flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while gateway.proc.poll() is None and worker.proc.poll() is None:
