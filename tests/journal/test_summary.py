@@ -7,6 +7,7 @@ from typing import Any
 from journal.events import (
     Block,
     Completed,
+    Counted,
     Error,
     Event,
     McpCall,
@@ -171,12 +172,14 @@ def test_describe_every_kind() -> None:
         ModelResult(round=2, status=200, stop_reason="tool_use", usage={"input_tokens": 3}, tool_uses=["a", "b"]),
         McpCall(round=2, server="s", tool="a", id="mcptoolu_1", input={"q": "x" * 300}, allowed=False),
         McpResult(round=2, server="s", tool="a", id="mcptoolu_1", is_error=True, content="no\n" * 100),
+        Counted(input_tokens=5),
     ]
     assert sorted({e.kind for e in samples}) == event_kinds()
     for event in samples:
         line = describe(event)
         assert line and "\n" not in line and len(line) < 200, (event.kind, line)
     assert describe(samples[7]) == "content_block_delta #0 'hi\\n'"
+    assert describe(samples[-1]) == "input_tokens=5"
     assert "attempt=2" in describe(samples[3])
     assert describe(samples[12]).startswith("round 2 stream +1 messages")
     assert "calls=a,b" in describe(samples[13]) and "DENIED" in describe(samples[14])
