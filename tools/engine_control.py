@@ -28,7 +28,12 @@ class EngineControl:
         return cast(dict[str, Any], json.loads(answer))
 
     def script(self, *scripts: dict[str, Any], default: dict[str, Any] | None = None) -> None:
-        """Queue `scripts` for the next Generate calls; `default` answers once they run out."""
+        """Queue `scripts` for the next Generate calls; `default` answers once they run out.
+
+        A script with `"when_prompt_contains": str` answers only a Generate whose prompt (decoded
+        with special tokens kept) contains that string; with `"repeat": True` it stays queued
+        after use. Each Generate takes the first queued script that matches, else `default`.
+        """
         body: dict[str, Any] = {"scripts": list(scripts)}
         if default is not None:
             body["default"] = default

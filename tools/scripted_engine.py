@@ -6,7 +6,8 @@ TokenSpeed scheduler or MLX engine: `Generate`, `HealthCheck`, `Abort`, `GetMode
 port, a control service `tools.ScriptedEngine` whose unary methods take and return JSON bytes:
 
 - `Script` `{"scripts": [Script, ...], "default": Script?}` queues scripts; each `Generate` takes
-  the next one, else the default one (else the text below);
+  the first queued one whose condition matches (see `when_prompt_contains`), else the default
+  one (else the text below);
 - `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order;
 - `Aborts` → `{"request_ids": [...]}`: the ids named by `Abort` calls, in order;
 - `Cancelled` → `{"request_ids": [...]}`: the `Generate` calls the client cancelled, in order;
@@ -22,6 +23,14 @@ between chunks; `hold_after` (after that many tokens, wait for `Release`); `erro
 `{"code": "INVALID_ARGUMENT", "message": str, "after_tokens": int}` fails the RPC with that
 status once that many tokens were sent. Without `text` and `token_ids` the text is the default
 one, "Hello! I am the scripted engine, answering over gRPC."
+
+Two keys make a queued script a rule rather than a one-off, for clients (agents) that send side
+requests in an order a test does not want to pin: `when_prompt_contains` (a string) makes the
+script match only a `Generate` whose prompt, decoded with special tokens kept (so
+`<|im_start|>`, `<tool_response>` and the like can be matched), contains it — a script without
+it matches any prompt; `repeat` (default false) keeps the script queued after it is used, so it
+answers every matching `Generate`. Each `Generate` scans the queue in order and takes the first
+match; no match falls back to the default. Both keys are ignored in `default`.
 
 What each runtime does with a script, as its real servicer does (smg-grpc-servicer 0.14.1, the
 TensorRT-LLM servicer, smg-project/smg `crates/grpc_client`):
@@ -136,6 +145,8 @@ _SCRIPT_KEYS = frozenset(
         "delay_ms",
         "hold_after",
         "error",
+        "when_prompt_contains",
+        "repeat",
     )
 )
 
@@ -164,6 +175,12 @@ class Script:
     delay: float = 0.0
     hold_after: int | None = None
     error: ScriptedFailure | None = None
+    when_prompt_contains: str | None = None
+    repeat: bool = False
+
+    def matches(self, prompt: Callable[[], str]) -> bool:
+        """Whether this script answers a prompt; `prompt` decodes it (only when asked)."""
+        return self.when_prompt_contains is None or self.when_prompt_contains in prompt()
 
     @classmethod
     def parse(cls, raw: Any) -> Script:
@@ -193,6 +210,12 @@ class Script:
         delay = raw.get("delay_ms", 0)
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise ScriptError("delay_ms must be a non-negative number")
+        when = raw.get("when_prompt_contains")
+        if when is not None and (not isinstance(when, str) or not when):
+            raise ScriptError("when_prompt_contains must be a non-empty string")
+        repeat = raw.get("repeat", False)
+        if not isinstance(repeat, bool):
+            raise ScriptError("repeat must be a boolean")
         return cls(
             text=text,
             token_ids=tuple(token_ids) if token_ids is not None else None,
@@ -205,6 +228,8 @@ class Script:
             delay=float(delay) / 1000.0,
             hold_after=_optional_count(raw, "hold_after"),
             error=_failure(raw.get("error")),
+            when_prompt_contains=when,
+            repeat=repeat,
         )
 
 
@@ -302,6 +327,10 @@ class Model:
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def decode_prompt(self, token_ids: list[int]) -> str:
+        """The prompt as text, special tokens kept (what `when_prompt_contains` is matched against)."""
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
     @property
     def default_sampling_json(self) -> str:
@@ -913,7 +942,7 @@ class Engine:
         refusal = self._refusal(asked)
         if refusal is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
-        script = self.scripts.popleft() if self.scripts else (self.default or Script())
+        script = self._take_script(asked)
         plan = make_plan(script, asked, self.model, self.semantics)
         stream = _Stream()
         self.streams[asked.request_id] = stream
@@ -926,6 +955,22 @@ class Engine:
         finally:
             if self.streams.get(asked.request_id) is stream:
                 del self.streams[asked.request_id]
+
+    def _take_script(self, asked: Asked) -> Script:
+        """The first queued script matching the prompt (dequeued unless it repeats), else the default."""
+        decoded: list[str] = []
+
+        def prompt() -> str:
+            if not decoded:
+                decoded.append(self.model.decode_prompt(asked.input_ids))
+            return decoded[0]
+
+        for index, script in enumerate(self.scripts):
+            if script.matches(prompt):
+                if not script.repeat:
+                    del self.scripts[index]
+                return script
+        return self.default or Script()
 
     def _refusal(self, asked: Asked) -> str | None:
         if not asked.input_ids:
