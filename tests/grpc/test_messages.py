@@ -239,6 +239,16 @@ def test_single_token_stop_is_sent_as_a_stop_id_and_reported_as_the_string(
     assert payload["stop_reason"] == "stop_sequence" and payload["stop_sequence"] == stop
 
 
+def test_usage_counts_the_tokens_before_a_stop_matched_in_the_final_message(
+    http: httpx.Client, control: EngineControl
+) -> None:
+    control.script({"text": "Hello there, friend. More", "chunk_size": 100})
+    body = {"model": MODEL, "max_tokens": 64, "messages": USER, "stop_sequences": ["friend"]}
+    payload = http.post("/v1/messages", json=body).json()
+    assert payload["stop_reason"] == "stop_sequence" and payload["content"][0]["text"] == "Hello there, "
+    assert payload["usage"]["output_tokens"] > 0
+
+
 def test_max_tokens_limit_reports_max_tokens(http: httpx.Client, control: EngineControl) -> None:
     control.script({"text": "one two three four five six seven eight nine ten", "eos": False})
     payload = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 3, "messages": USER}).json()
@@ -367,12 +377,19 @@ def test_output_format_is_refused_on_grpc(http: httpx.Client) -> None:
 # --- engine errors and disconnects -------------------------------------------------------
 
 
-def test_engine_error_before_the_first_token(http: httpx.Client, control: EngineControl) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_refusal_before_any_output_is_an_error_response(
+    http: httpx.Client, control: EngineControl, stream: bool
+) -> None:
     control.script({"error": {"code": "INVALID_ARGUMENT", "message": "prompt too long", "after_tokens": 0}})
-    reply = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 8, "messages": USER})
+    body = {"model": MODEL, "max_tokens": 8, "messages": USER, "stream": stream}
+    reply = http.post("/v1/messages", json=body)
     assert reply.status_code == 400
+    assert reply.headers["content-type"].startswith("application/json")
+    assert reply.headers["x-smg-error-code"] == "engine_rejected_request"
     assert reply.json()["error"]["type"] == "invalid_request_error"
     assert "prompt too long" in reply.json()["error"]["message"]
+    assert control.aborts() == []  # the engine already dropped it
 
 
 def test_engine_error_after_the_first_token_ends_the_stream_with_an_error_event(

@@ -32,6 +32,7 @@ from smg.backends.grpc.request import (
 from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError
 from smg.config import GatewayConfig
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
+from smg.pipeline.output import apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
@@ -207,6 +208,21 @@ class GrpcBackend:
             stop_token_map=stop_ids,
             eos_token_ids=[],
         )
+        plan = plan_output(
+            request,
+            prompt,
+            call.model,
+            tool_parser=self._config.tool_call_parser,
+            reasoning_parser=self._config.reasoning_parser,
+        )
+        if plan.constraint is not None and self.runtime == "mlx":
+            raise ApiError(
+                400,
+                "Invalid request parameters: MLX backend does not support structured output constraint: "
+                f"{plan.constraint[0]}",
+                code="invalid_request_parameters",
+            )
+        apply_plan(settings, plan, prompt.tools)
         retry = self._config.retry
         max_attempts = 1 + (retry.max_retries if retry else 0)
         tried: set[str] = set()
@@ -227,12 +243,13 @@ class GrpcBackend:
                 stop_ids=stop_ids,
                 defaults=engine.sampling_defaults,
                 stream=call.stream,
+                constraint=plan.constraint,
             )
             yield Routed(backend=self.name, worker=worker.url, model=call.model, policy="round_robin", attempt=attempt)
             if generation is None:
                 eos = engine.info.eos_token_ids if engine.info else []
                 settings.eos_token_ids = sorted(set(eos) | set(tokenizer.eos_token_ids))
-                constraint = None
+                constraint = {"type": plan.constraint[0], "value": plan.constraint[1]} if plan.constraint else None
                 yield Rendered(
                     prompt_tokens=len(prompt.ids),
                     prompt_digest=prompt.digest,
@@ -241,9 +258,7 @@ class GrpcBackend:
                     tokenizer=source,
                     settings=settings_record(settings),
                 )
-                generation = Generation(tokenizer, settings)
-                for payload in generation.start():
-                    yield Block(payload)
+                generation = Generation(tokenizer, settings, build_stages(settings))
             outcome = _Outcome()
             try:
                 async for event in self._run(engine, engine_call, generation, prompt, outcome):
@@ -251,10 +266,10 @@ class GrpcBackend:
             except EngineError as exc:
                 if exc.unavailable:
                     worker.record_failure(exc.message or exc.code, refused=True)
-                if exc.unavailable and not outcome.produced and attempt < max_attempts:
+                if exc.unavailable and not outcome.started and attempt < max_attempts:
                     log.warning("worker %s unreachable (%s); retrying elsewhere", worker.url, exc.message)
                     continue
-                err = engine_failure(exc, started=call.stream or outcome.produced)
+                err = engine_failure(exc, started=outcome.started)
                 yield Error(
                     stage="engine",
                     status=err.status,
@@ -278,11 +293,17 @@ class GrpcBackend:
         prompt: Prompt,
         outcome: _Outcome,
     ) -> AsyncGenerator[Event, None]:
+        """One engine call. `message_start` waits for the engine's first answer, so a refusal
+        (prompt too long for the engine, bad parameters) is an ordinary error response."""
         client = engine.client
         stream = client.generate(engine_call)
-        finished = False
+        settled = False  # the engine finished the request or refused it: nothing to abort
         try:
             async for item in stream:
+                if not outcome.started:
+                    outcome.started = True
+                    for payload in generation.start():
+                        yield Block(payload)
                 if isinstance(item, EngineChunk):
                     outcome.produced = outcome.produced or bool(item.token_ids)
                     outcome.prompt_tokens = item.prompt_tokens or outcome.prompt_tokens
@@ -298,8 +319,10 @@ class GrpcBackend:
                         break
                     continue
                 assert isinstance(item, EngineDone)
-                finished = True
+                settled = True
                 outcome.produced = True
+                outcome.prompt_tokens = item.prompt_tokens or outcome.prompt_tokens
+                outcome.completion_tokens = item.completion_tokens
                 matched: int | str | None = item.matched_token_id
                 if matched is None:
                     matched = item.matched_stop_str
@@ -316,7 +339,7 @@ class GrpcBackend:
                     break
                 for payload in generation.finish(
                     item.finish_reason,
-                    item.prompt_tokens or outcome.prompt_tokens or len(prompt.ids),
+                    outcome.prompt_tokens or len(prompt.ids),
                     item.completion_tokens,
                     matched_token_id=item.matched_token_id,
                     matched_stop_str=item.matched_stop_str,
@@ -331,9 +354,12 @@ class GrpcBackend:
                     yield Block(payload)
                 return
             raise EngineError("INTERNAL", "the engine closed the stream without completing the generation")
+        except EngineError:
+            settled = True
+            raise
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-            if not finished:
+            if not settled:
                 self._abort(client, engine_call.request_id)
 
     def _abort(self, client: Any, request_id: str) -> None:
@@ -353,9 +379,10 @@ class GrpcBackend:
 class _Outcome:
     """What one attempt produced so far (whether a retry is still invisible to the client)."""
 
-    __slots__ = ("produced", "prompt_tokens", "completion_tokens")
+    __slots__ = ("started", "produced", "prompt_tokens", "completion_tokens")
 
     def __init__(self) -> None:
+        self.started = False  # message_start was sent
         self.produced = False
         self.prompt_tokens = 0
         self.completion_tokens = 0
