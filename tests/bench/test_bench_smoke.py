@@ -1,5 +1,5 @@
-"""Smoke tests for the bench: the load generator against a real scripted worker, and one tiny
-relay bench end to end. They check counts and errors, never timings."""
+"""Smoke tests for the benches: the load generator against a real scripted worker, one tiny relay
+bench and one quick gRPC path bench end to end. They check counts and errors, never timings."""
 
 from __future__ import annotations
 
@@ -92,3 +92,23 @@ def test_relay_bench_end_to_end(tmp_path: Path) -> None:
     ]
     assert all(r["errors"] == 0 and r["ok"] > 0 for r in runs)
     assert b"stream c=4" in done.stdout and b"x-direct" in done.stdout
+
+
+def test_grpc_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "grpc-bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bench.grpc", "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    runs = orjson.loads(out.read_bytes())["runs"]
+    assert {r["target"] for r in runs} == {"direct", "gw+J", "gw-J"}
+    assert {r["stream"] for r in runs} == {False, True}
+    assert all(r["errors"] == 0 and r["warmup"]["errors"] == 0 and r["ok"] > 0 for r in runs)
+    assert all(r["tokens"] == r["ok"] * 64 for r in runs)  # --quick answers 64 tokens each
+    assert all(r["cpu_ms_per_1k_tokens"]["gateway"] is not None for r in runs if r["target"] != "direct")
+    for text in (b"stream c=1", b"json c=8", b"summary", b"x-direct", b"gwCPU/1k +J"):
+        assert text in done.stdout

@@ -1,0 +1,1 @@
+"""Opt-in interop tests against real inference engines (``make test-vllm``)."""
