@@ -25,7 +25,13 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """The payload without `t` (stored in its own column)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "t"}
+        names = _PAYLOAD_FIELDS.get(type(self))
+        if names is None:  # `fields()` is slow, and this runs for every event journaled
+            names = _PAYLOAD_FIELDS[type(self)] = tuple(f.name for f in fields(self) if f.name != "t")
+        return {name: getattr(self, name) for name in names}
+
+
+_PAYLOAD_FIELDS: dict[type[Event], tuple[str, ...]] = {}
 
 
 def _register(cls: type[E]) -> type[E]:

@@ -2,7 +2,9 @@
 
 The file is opened with `mode=ro`, so a reader can never write or migrate it; under WAL a
 reader sees the last committed state and never blocks the gateway's writer. Used by
-`smg journal …`, the inspector and replay.
+`smg journal …`, the inspector and replay. Listing and counting take a query in the
+language of `journal.query`. A file written by an older smg (a lower schema version) is read
+as it is: columns it does not have yet read as NULL.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import orjson
 
 from journal import schema
 from journal.events import Event, event_from_dict, event_kinds
+from journal.query import compile_query
 
 _BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking")
-_SELECT = f"SELECT {', '.join(schema.REQUEST_COLUMNS)} FROM requests"
 
 
 class JournalError(Exception):
@@ -59,6 +61,9 @@ class JournalReader:
                 raise JournalNotFound(f"the journal at {self.path} is not initialised yet")
             raise JournalError(f"{self.path} is not an smg journal (schema version {version})")
         self._known = frozenset(event_kinds())
+        present = {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}
+        columns = [c if c in present else f"NULL AS {c}" for c in schema.REQUEST_COLUMNS]
+        self._select = f"SELECT {', '.join(columns)} FROM requests"
 
     def close(self) -> None:
         self._conn.close()
@@ -69,18 +74,46 @@ class JournalReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def count(self) -> int:
-        """How many requests the journal holds."""
-        return int(self._conn.execute("SELECT count(*) FROM requests").fetchone()[0])
+    def count(self, query: str = "") -> int:
+        """How many requests match `query` (see `journal.query`; empty: all of them).
+
+        Raises `journal.query.QueryError` for a query that does not parse.
+        """
+        where, params = compile_query(query)
+        return int(self._conn.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchone()[0])
 
     def list_requests(
-        self, limit: int = 50, offset: int = 0, newest_first: bool = True
+        self,
+        limit: int = 50,
+        *,
+        query: str = "",
+        offset: int = 0,
+        order: str = "ts",
+        descending: bool = True,
+        since_ts: float | None = None,
+        newest_first: bool | None = None,
     ) -> list[dict[str, Any]]:
-        """Summary rows (see `journal.schema.REQUEST_COLUMNS`), by arrival time."""
-        order = "DESC" if newest_first else "ASC"
+        """Summary rows (see `journal.schema.REQUEST_COLUMNS`) matching `query`, sorted by the
+        summary column `order` (ties by arrival), `limit` of them after skipping `offset`.
+
+        `since_ts` keeps requests that arrived at or after that time (epoch seconds).
+        `newest_first` is the older spelling of `descending`. Raises `ValueError` for an
+        `order` that is not a summary column and `journal.query.QueryError` for a bad query.
+        """
+        if order not in schema.REQUEST_COLUMNS:
+            raise ValueError(f"cannot order by {order!r}; choose one of {', '.join(schema.REQUEST_COLUMNS)}")
+        if newest_first is not None:
+            descending = newest_first
+        where, params = compile_query(query)
+        if since_ts is not None:
+            where = f"({where}) AND ts >= ?"
+            params.append(since_ts)
+        direction = "DESC" if descending else "ASC"
+        keys = [order] if order == "ts" else [order, "ts"]
+        order_by = ", ".join(f"{key} {direction}" for key in [*keys, "rowid"])
         rows = self._conn.execute(
-            f"{_SELECT} ORDER BY ts {order}, rowid {order} LIMIT ? OFFSET ?",
-            (limit, offset),
+            f"{self._select} WHERE {where} ORDER BY {order_by} LIMIT ? OFFSET ?",
+            [*params, limit, offset],
         ).fetchall()
         return [_row(r) for r in rows]
 
@@ -90,7 +123,7 @@ class JournalReader:
         Returns None when nothing matches; raises `AmbiguousRequestId` when a prefix
         matches several requests.
         """
-        row = self._conn.execute(f"{_SELECT} WHERE id = ?", (id_or_prefix,)).fetchone()
+        row = self._conn.execute(f"{self._select} WHERE id = ?", (id_or_prefix,)).fetchone()
         if row is not None:
             return _row(row)
         if not id_or_prefix:
@@ -98,7 +131,7 @@ class JournalReader:
         # A range scan on the primary key: every id that starts with the prefix sorts in
         # [prefix, prefix + U+10FFFF).
         rows = self._conn.execute(
-            f"{_SELECT} WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
+            f"{self._select} WHERE id >= ? AND id < ? ORDER BY id LIMIT 11",
             (id_or_prefix, id_or_prefix + "\U0010ffff"),
         ).fetchall()
         if len(rows) > 1:

@@ -3,8 +3,9 @@
 The schema version lives in `PRAGMA user_version`. `MIGRATIONS[i]` takes a database from
 version `i` to `i + 1`; each is a plain function of a `sqlite3.Connection` that runs inside
 the transaction `migrate` opens, so a migration and its version bump commit together or not
-at all. Version 1 creates everything. Add a migration by appending a function; never edit
-one that has shipped.
+at all. Version 1 creates the tables; version 2 adds the indexes that filtered, time-ordered
+listing needs (`journal.query`) and the `bodies` column (`journal.bodies`). Add a migration
+by appending a function; never edit one that has shipped.
 
 Two tables: `events` (the ground truth, one row per event, payload as JSON) and `requests`
 (one summary row per request, folded from its events by `journal.summary`, kept for listing
@@ -70,7 +71,21 @@ def _v1(conn: sqlite3.Connection) -> None:
         conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
 
 
-MIGRATIONS: list[Migration] = [_v1]
+def _v2(conn: sqlite3.Connection) -> None:
+    # Listing is filter + ORDER BY ts LIMIT n. With (column, ts) indexes an equality filter
+    # reads the matching rows already in time order and stops after n; a single-column index
+    # would make SQLite fetch and sort every match (all of them, for `backend:http`).
+    for column in ("model", "status", "error_code"):
+        conn.execute(f"DROP INDEX IF EXISTS requests_{column}")
+    for column in ("model", "status", "error_code", "backend", "tenant", "stop_reason"):
+        conn.execute(f"CREATE INDEX requests_{column}_ts ON requests ({column}, ts)")
+    for column in ("replay_of", "duration_ms", "ttfe_ms"):
+        conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
+    # Which body capture mode (journal.bodies) wrote the request; rows from before v2 were full.
+    conn.execute("ALTER TABLE requests ADD COLUMN bodies TEXT DEFAULT 'full'")
+
+
+MIGRATIONS: list[Migration] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 REQUEST_COLUMNS: tuple[str, ...] = (
@@ -96,6 +111,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "completed",
     "has_tool_use",
     "has_thinking",
+    "bodies",
 )
 """The columns of `requests`, in table order."""
 
@@ -114,7 +130,13 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 def apply_pragmas(conn: sqlite3.Connection) -> None:
     """WAL (readers never block the writer) and `synchronous=NORMAL` (a commit is not
-    fsynced, but a committed transaction survives a process crash; see journal.writer)."""
+    fsynced, but a committed transaction survives a process crash; see journal.writer).
+
+    A new file also gets incremental auto-vacuum, so that pruning (journal.retention) can give
+    freed pages back to the OS; SQLite accepts that setting only before the file has tables
+    and before WAL is on, and ignores it on an existing file.
+    """
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")

@@ -2,28 +2,38 @@
 
 Serving code calls `append` for every event. That is a `put_nowait` on an in-memory queue
 (no I/O, no await on disk); a single writer task takes whatever has queued up, up to
-`max_batch` events, writes them and the summary rows they touch in ONE transaction, commits,
-and goes back for more. Under load a batch grows with the backlog, so the number of commits
-per second stays small however many events arrive; when idle each event is committed on its
-own almost at once. `append` only waits when the queue is full (backpressure instead of
-unbounded memory).
+`max_batch` events, and hands them to the writer thread, which serializes them and writes
+them and the summary rows they touch in ONE transaction, commits, and goes back for more.
+Under load a batch grows with the backlog, so the number of commits per second stays small
+however many events arrive; when idle each event is committed on its own almost at once.
+`append` only waits when the queue is full (backpressure instead of unbounded memory).
 
 Durability contract (WAL, `synchronous=NORMAL`):
 
-* A committed batch survives a crash of the process (`kill -9`, OOM, segfault): the commit
-  is in the WAL file, which the OS owns once written. Only an OS crash or power loss may
-  roll back the last few committed batches (NORMAL does not fsync the WAL on each commit);
-  the database is never corrupted either way.
-* What a `kill -9` loses is what had not been committed yet: the events still in the queue
-  and the batch being written, i.e. at most the current group-commit window (`queue_size`
-  events in the worst case, typically the last few milliseconds). A request whose
-  `completed` event was lost simply shows `completed = 0`.
+* An event is durable once the transaction holding it commits: a committed batch survives a
+  crash of the process (`kill -9`, OOM, segfault), since the commit is in the WAL file,
+  which the OS owns once written. The file is never left corrupt. Only an OS crash or power
+  loss may also roll back the last few commits (NORMAL does not fsync each one).
+* What a `kill -9` loses is what had not been committed: the events still queued and the
+  batch being written. That is the commit window. The writer starts the next commit as soon
+  as the last one ends, so an event waits for the batch in progress and the events queued
+  ahead of it: milliseconds under normal load; at worst, with the queue full (the writer not
+  keeping up, `append` already applying backpressure), `queue_size` events at the write
+  rate: about a second by default (65,536 events at the 60–100k events/s that
+  `tools/bench/journal.py` measures on two cores).
+* Batches commit whole and in append order, so after a crash every request's stored events
+  are a prefix of what was appended (no gaps) and its summary row agrees with them; a
+  request whose `completed` event was lost shows `completed = 0`.
 * `flush()` returns once everything appended before it is committed; `close()` drains the
   queue and commits before closing.
 
 Events are treated as immutable once appended: they are serialized later, by the writer
-task. Secrets are redacted in `append`, before an event is queued (headers of `received` and
-upstream `head` events, MCP tokens in the `received` body and the validated summary).
+thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
+upstream `head` events, MCP tokens in the `received` body and the validated summary); the
+body capture mode (`bodies`, see `journal.bodies`) is applied by the writer thread, in order.
+With `retention`, a companion task prunes the file (`journal.retention`) at start and every
+`retention_interval_s`, on a connection and a thread of its own; the writer waits at most for
+one of its small delete transactions.
 """
 
 from __future__ import annotations
@@ -33,12 +43,14 @@ import base64
 import logging
 import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-import aiosqlite
 import orjson
 
+from journal import retention as retention_mod
 from journal import schema, summary
+from journal.bodies import BodyFilter
 from journal.events import Event
 from journal.redact import redacted
 
@@ -46,9 +58,10 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
+_LOCKED_ATTEMPTS = 3  # each waits up to the connection's busy timeout (5 s)
 
 _INSERT_EVENT = "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
-_FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms"})
+_FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies"})
 
 
 def _upsert_sql() -> str:
@@ -96,15 +109,37 @@ def encode(event: Event) -> bytes:
 
 
 class JournalWriter:
-    """Appends events to a SQLite journal from one background task (see module docstring)."""
+    """Appends events to a SQLite journal from one background task and thread (see module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, queue_size: int = 65536, max_batch: int = 4096) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        queue_size: int = 65536,
+        max_batch: int = 4096,
+        bodies: str = "full",
+        retention: tuple[float | None, int | None] | None = None,
+        retention_interval_s: float = 60.0,
+    ) -> None:
+        """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
+        `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
+        both None) keeps everything."""
         if max_batch < 1 or queue_size < 1:
             raise ValueError("queue_size and max_batch must be positive")
+        if retention_interval_s <= 0:
+            raise ValueError("retention_interval_s must be positive")
         self.path = os.fspath(path)
+        self._bodies = BodyFilter(bodies)
+        self._retention = retention if retention is not None and retention != (None, None) else None
+        self._retention_interval = retention_interval_s
+        self._retention_task: asyncio.Task[None] | None = None
+        self._requests_pruned = 0
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=queue_size)
         self._max_batch = max_batch
-        self._conn: aiosqlite.Connection | None = None
+        # One thread owns the connection and does all of a batch's work (serializing, summary
+        # folding, SQL, commit): one hand-off per batch, whatever the load on the event loop.
+        self._thread: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._close_lock = asyncio.Lock()
@@ -119,12 +154,16 @@ class JournalWriter:
         """Open the file (creating and migrating it) and start the writer task."""
         if self._task is not None or self._closed:
             return
-        # Migrations are plain sqlite3 functions; run them on a short-lived connection.
-        await asyncio.to_thread(lambda: schema.connect(self.path).close())
-        self._conn = await aiosqlite.connect(self.path, isolation_level=None)
-        await self._conn.execute("PRAGMA synchronous=NORMAL")
-        await self._conn.execute("PRAGMA busy_timeout=5000")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-writer")
+        try:
+            self._conn = await self._in_thread(schema.connect, self.path)  # creates and migrates
+        except BaseException:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+            raise
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.path}")
+        if self._retention is not None:
+            self._retention_task = asyncio.create_task(self._retain(), name=f"journal-retention:{self.path}")
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
         """Queue one event, its secrets redacted. Waits only when the queue is full; dropped
@@ -153,14 +192,20 @@ class JournalWriter:
             if self._closed:
                 return
             self._closed = True
+            if self._retention_task is not None:
+                self._retention_task.cancel()
+                await asyncio.wait({self._retention_task})
             task = self._task
             if task is not None:
                 if not task.done():
                     await self._queue.put(_STOP)
                 await asyncio.wait({task})
             if self._conn is not None:
-                await self._conn.close()
+                await self._in_thread(self._conn.close)
                 self._conn = None
+            if self._thread is not None:
+                self._thread.shutdown(wait=False)
+                self._thread = None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -171,7 +216,38 @@ class JournalWriter:
             "queue_depth": self._queue.qsize(),
             "events_dropped": self._events_dropped,
             "batches_failed": self._batches_failed,
+            "requests_pruned": self._requests_pruned,
         }
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        assert self._thread is not None
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    # -- retention ---------------------------------------------------------------------------
+
+    async def _retain(self) -> None:
+        assert self._retention is not None
+        max_age_s, max_bytes = self._retention
+        while True:
+            try:
+                result = await asyncio.to_thread(
+                    retention_mod.prune, self.path, max_age_s=max_age_s, max_bytes=max_bytes
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("journal: retention failed on %s", self.path)
+            else:
+                self._requests_pruned += result.requests_deleted
+                if result.requests_deleted:
+                    log.info(
+                        "journal: pruned %d requests (%d events), %d -> %d bytes",
+                        result.requests_deleted,
+                        result.events_deleted,
+                        result.bytes_before,
+                        result.bytes_after,
+                    )
+            await asyncio.sleep(self._retention_interval)
 
     # -- the writer task -------------------------------------------------------------------
 
@@ -202,7 +278,7 @@ class JournalWriter:
                     events.append(item)
             try:
                 if events:
-                    await self._write(events)
+                    await self._in_thread(self._write, events)
             except Exception:
                 self._batches_failed += 1
                 log.exception("journal: a batch of %d events could not be written", len(events))
@@ -211,21 +287,24 @@ class JournalWriter:
                     if not waiter.done():
                         waiter.set_result(None)
 
-    async def _write(self, events: list[tuple[str, int, Event]]) -> None:
+    def _write(self, events: list[tuple[str, int, Event]]) -> None:
+        """One batch, in the writer thread: capture, serialize, fold summaries, one transaction."""
         rows: list[tuple[str, int, str, float, str]] = []
         touched: dict[str, dict[str, Any]] = {}
         finished: list[str] = []
+        body_filter = self._bodies
         for request_id, seq, event in events:
             try:
+                event = body_filter(request_id, event)
                 data = encode(event).decode()
             except Exception:
                 self._events_dropped += 1
-                log.exception("journal: cannot serialize %s event of %s", event.kind, request_id)
+                log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)
                 continue
             rows.append((request_id, seq, event.kind, float(event.t), data))
             row = self._summaries.get(request_id)
             if row is None:
-                row = self._summaries[request_id] = {}
+                row = self._summaries[request_id] = {"bodies": body_filter.mode}
             summary.apply(row, request_id, event)
             touched[request_id] = row
             if row.get("completed"):
@@ -239,33 +318,52 @@ class JournalWriter:
 
         conn = self._conn
         assert conn is not None
-        await conn.execute("BEGIN")
-        try:
+        for attempt in range(1, _LOCKED_ATTEMPTS + 1):
             try:
-                await conn.executemany(_INSERT_EVENT, rows)
-            except sqlite3.IntegrityError:
-                # A duplicate (request_id, seq) is a caller bug; it must not cost the rest
-                # of the batch. Rare, so the slow row-by-row path is fine.
-                await conn.execute("ROLLBACK")
-                await conn.execute("BEGIN")
-                rows = await self._insert_one_by_one(conn, rows)
-            await conn.executemany(_UPSERT_REQUEST, requests)
-            await conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                await conn.execute("ROLLBACK")
-            raise
+                rows = self._transaction(conn, rows, requests)
+                break
+            except sqlite3.OperationalError as exc:
+                # Another process (`smg journal prune`, a migration) held the file past the
+                # busy timeout: try again rather than lose the batch.
+                if attempt == _LOCKED_ATTEMPTS or "locked" not in str(exc):
+                    raise
+                log.warning("journal: %s; retrying a batch of %d events", exc, len(rows))
         self._events_written += len(rows)
         self._batches += 1
         self._max_batch_seen = max(self._max_batch_seen, len(rows))
 
-    async def _insert_one_by_one(
-        self, conn: aiosqlite.Connection, rows: list[tuple[str, int, str, float, str]]
+    def _transaction(
+        self,
+        conn: sqlite3.Connection,
+        rows: list[tuple[str, int, str, float, str]],
+        requests: list[tuple[Any, ...]],
+    ) -> list[tuple[str, int, str, float, str]]:
+        """Insert the events and upsert the summary rows in one transaction; the rows written."""
+        conn.execute("BEGIN")
+        try:
+            try:
+                conn.executemany(_INSERT_EVENT, rows)
+            except sqlite3.IntegrityError:
+                # A duplicate (request_id, seq) is a caller bug; it must not cost the rest
+                # of the batch. Rare, so the slow row-by-row path is fine.
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN")
+                rows = self._insert_one_by_one(conn, rows)
+            conn.executemany(_UPSERT_REQUEST, requests)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return rows
+
+    def _insert_one_by_one(
+        self, conn: sqlite3.Connection, rows: list[tuple[str, int, str, float, str]]
     ) -> list[tuple[str, int, str, float, str]]:
         kept = []
         for row in rows:
             try:
-                await conn.execute(_INSERT_EVENT, row)
+                conn.execute(_INSERT_EVENT, row)
                 kept.append(row)
             except sqlite3.IntegrityError:
                 self._events_dropped += 1

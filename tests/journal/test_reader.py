@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from journal.events import Completed, Received, Tokens
+from journal.events import Completed, Received, Tokens, Validated
+from journal.query import QueryError
 from journal.reader import (
     AmbiguousRequestId,
     JournalError,
@@ -73,9 +74,33 @@ def test_list_and_count(sample_journal: Path) -> None:
         assert reader.count() == 4
         ids = [r["id"] for r in reader.list_requests()]
         assert ids == ["req_b", "req_bbb333", "req_aaa222", "req_aaa111"]
-        oldest = reader.list_requests(limit=2, offset=1, newest_first=False)
+        oldest = reader.list_requests(limit=2, offset=1, descending=False)
         assert [r["id"] for r in oldest] == ["req_aaa222", "req_bbb333"]
+        assert reader.list_requests(limit=2, offset=1, newest_first=False) == oldest  # the older spelling
         assert reader.list_requests()[0]["completed"] is True
+
+
+async def test_list_filters_orders_and_counts(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    for i, (model, status, duration) in enumerate([("m-a", 200, 30.0), ("m-b", 500, 10.0), ("m-a", 404, 20.0)]):
+        request_id = f"req_{i}"
+        await writer.append(request_id, 0, Received(method="POST", path="/v1/messages", ts=100.0 + i))
+        await writer.append(request_id, 1, Validated(model=model, t=0.001))
+        await writer.append(request_id, 2, Completed(status=status, duration_ms=duration, t=0.002))
+    await writer.close()
+    with JournalReader(path) as reader:
+        assert [r["id"] for r in reader.list_requests(query="model:m-a")] == ["req_2", "req_0"]
+        assert reader.count("model:m-a") == 2 and reader.count("status:>=400") == 2 and reader.count() == 3
+        by_duration = reader.list_requests(order="duration_ms", descending=False)
+        assert [r["id"] for r in by_duration] == ["req_1", "req_2", "req_0"]
+        assert [r["id"] for r in reader.list_requests(since_ts=101.0, descending=False)] == ["req_1", "req_2"]
+        assert [r["id"] for r in reader.list_requests(query="model:m-a", since_ts=101.0)] == ["req_2"]
+        with pytest.raises(ValueError, match="cannot order by"):
+            reader.list_requests(order="ts; DROP TABLE requests")
+        with pytest.raises(QueryError):
+            reader.count("status:")
 
 
 def test_unknown_kinds_are_skipped_but_kept_raw(sample_journal: Path) -> None:

@@ -8,23 +8,58 @@ from pathlib import Path
 import pytest
 
 from journal import schema
+from journal.reader import JournalReader
 from journal.writer import JournalWriter
 
 
-def test_version_one_creates_everything(tmp_path: Path) -> None:
+def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 1
-        assert schema.schema_version(conn) == 1
+        assert schema.SCHEMA_VERSION == 2
+        assert schema.schema_version(conn) == 2
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"events", "requests"} <= tables
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-        assert {"requests_ts", "requests_model", "requests_status", "requests_error_code"} <= (indexes)
+        assert {
+            "requests_ts",
+            "requests_model_ts",
+            "requests_status_ts",
+            "requests_error_code_ts",
+            "requests_backend_ts",
+            "requests_tenant_ts",
+            "requests_stop_reason_ts",
+            "requests_replay_of",
+            "requests_duration_ms",
+            "requests_ttfe_ms",
+        } <= indexes
+        assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
         assert columns == schema.REQUEST_COLUMNS
         event_columns = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
         assert event_columns == ["request_id", "seq", "kind", "t", "data"]
+    finally:
+        conn.close()
+
+
+def test_a_version_one_journal_is_migrated_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn, schema.MIGRATIONS[:1])
+    conn.execute("INSERT INTO requests (id, ts, model, status) VALUES ('old', 1.0, 'm', 200)")
+    conn.execute("INSERT INTO events VALUES ('old', 1, 'received', 0.0, '{}')")
+    conn.close()
+
+    with JournalReader(path) as reader:  # read-only: an old file reads as it is, bodies unknown
+        old = reader.get_request("old")
+    assert old is not None and old["bodies"] is None and old["model"] == "m"
+
+    conn = schema.connect(path)
+    try:
+        assert schema.schema_version(conn) == 2
+        assert conn.execute("SELECT id, model, status, bodies FROM requests").fetchall() == [("old", "m", 200, "full")]
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1
     finally:
         conn.close()
 
@@ -37,8 +72,8 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
         await writer.close()
     conn = schema.connect(path)
     try:
-        assert schema.migrate(conn) == 1
-        assert schema.schema_version(conn) == 1
+        assert schema.migrate(conn) == 2
+        assert schema.schema_version(conn) == 2
     finally:
         conn.close()
 
@@ -46,16 +81,16 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
 def test_migrations_apply_in_order_and_once(tmp_path: Path) -> None:
     calls: list[int] = []
 
-    def v2(conn: sqlite3.Connection) -> None:
-        calls.append(2)
+    def v3(conn: sqlite3.Connection) -> None:
+        calls.append(3)
         conn.execute("CREATE TABLE extra (x INTEGER)")
 
     conn = schema.connect(tmp_path / "j.db")
     try:
-        steps = [*schema.MIGRATIONS, v2]
-        assert schema.migrate(conn, steps) == 2
-        assert schema.migrate(conn, steps) == 2
-        assert calls == [2]
+        steps = [*schema.MIGRATIONS, v3]
+        assert schema.migrate(conn, steps) == 3
+        assert schema.migrate(conn, steps) == 3
+        assert calls == [3]
     finally:
         conn.close()
 
@@ -69,7 +104,7 @@ def test_a_failing_migration_leaves_the_version_alone(tmp_path: Path) -> None:
     try:
         with pytest.raises(RuntimeError):
             schema.migrate(conn, [*schema.MIGRATIONS, broken])
-        assert schema.schema_version(conn) == 1
+        assert schema.schema_version(conn) == 2
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "half" not in names
     finally:

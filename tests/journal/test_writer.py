@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from journal.events import (
     Block,
@@ -133,6 +136,7 @@ async def test_round_trip_events_and_summary(tmp_path: Path) -> None:
         "completed": True,
         "has_tool_use": True,
         "has_thinking": True,
+        "bodies": "full",
     }
 
 
@@ -343,3 +347,26 @@ def test_committed_batches_survive_kill_9(tmp_path: Path) -> None:
     finally:
         conn.close()
     assert 1000 <= written <= 2000  # everything flushed survived; the unflushed tail may not
+
+
+async def test_a_locked_file_delays_a_batch_but_does_not_lose_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    real = writer._transaction
+    calls: list[int] = []
+
+    def locked_once(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")  # another process past the busy timeout
+        return real(*args)
+
+    monkeypatch.setattr(writer, "_transaction", locked_once)
+    await writer.start()
+    for seq, event in enumerate(streaming_request()):
+        await writer.append("req_1", seq, event)
+    await writer.close()
+    assert len(calls) == 2 and writer.stats["batches_failed"] == 0
+    assert db_count(path) == len(streaming_request())
