@@ -1,13 +1,19 @@
-"""`smg journal ls` and `smg journal show`: read a journal from the terminal.
+"""`smg journal …`: read a journal from the terminal.
 
-Both open the file read-only, so they work next to a running gateway.
+`ls` (a filtered, sorted table of requests), `show` (one request: timeline, request, response),
+`tail` (requests as they complete), `export` (one request as curl, JSON or HAR) and `stats`
+(counts, errors, latency percentiles, token throughput). Every command opens the file
+read-only, so it works next to a running gateway. The pure parts live in `journal.export`,
+`journal.stats` and `journal.follow`; this module parses flags and renders.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import sqlite3
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
@@ -19,9 +25,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from journal.events import Event, event_from_dict, event_kinds
-from journal.reader import JournalError, JournalReader
-from journal.schema import DEFAULT_PATH, ENV_VAR
+from journal import export as exporting
+from journal import stats as statistics
+from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
+from journal.follow import Follower
+from journal.query import QueryError, compile_query
+from journal.reader import JournalError, JournalNotFound, JournalReader
+from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
 from journal.summary import describe
 from smg.projection import reconstruct
 
@@ -40,14 +50,35 @@ JournalOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+QueryArg = Annotated[
+    str,
+    typer.Argument(help="Which requests, in the journal query language (default: all).", show_default=False),
+]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}")
+    raise typer.Exit(code)
 
 
 def _open(path: str) -> JournalReader:
     try:
         return JournalReader(path)
     except JournalError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+        _fail(str(exc))
+
+
+def _compile(query: str) -> tuple[str, list[Any]]:
+    """The query as SQL; a bad query is a usage error (exit 2)."""
+    try:
+        return compile_query(query)
+    except QueryError as exc:
+        _fail(f"bad query {query!r}: {exc}", code=2)
+
+
+def _connection(reader: JournalReader) -> sqlite3.Connection:
+    """The reader's read-only connection, for the SQL of `journal.stats` and `journal.follow`."""
+    return reader._conn
 
 
 def _echo_json(value: Any) -> None:
@@ -56,35 +87,51 @@ def _echo_json(value: Any) -> None:
 
 @journal_app.command("ls")
 def ls(
+    query: QueryArg = "",
     journal: JournalOpt = DEFAULT_PATH,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="How many requests.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many requests.")] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip this many first.")] = 0,
+    sort: Annotated[
+        str, typer.Option("--sort", "-s", help=f"Sort by this summary column: {', '.join(REQUEST_COLUMNS)}.")
+    ] = "ts",
+    asc: Annotated[bool, typer.Option("--asc", help="Smallest first (default: largest, i.e. newest, first).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the most recent requests, newest first."""
+    """List requests matching QUERY, newest first (or by --sort)."""
+    if sort not in REQUEST_COLUMNS:
+        _fail(f"--sort: no column {sort!r}; one of {', '.join(REQUEST_COLUMNS)}", code=2)
     with _open(journal) as reader:
-        rows = reader.list_requests(limit=limit)
+        try:
+            rows = reader.list_requests(limit, query=query, offset=offset, order=sort, descending=not asc)
+            total = reader.count(query) if not as_json else len(rows)
+        except QueryError as exc:
+            _fail(f"bad query {query!r}: {exc}", code=2)
     if as_json:
         _echo_json(rows)
         return
     console = Console()
-    cells = [
-        {
-            "id": row["id"],
-            "time": _clock(row["ts"]),
-            "request": f"{row['method'] or ''} {row['path'] or ''}".strip(),
-            "model": row["model"] or "",
-            "backend": row["backend"] or "",
-            "worker": row["worker"] or "",
-            "status": _status(row),
-            "code": row["error_code"] or "",
-            "stop": row["stop_reason"] or "",
-            "in/out": _tokens(row),
-            "ttfe": _ms(row["ttfe_ms"]),
-            "duration": _ms(row["duration_ms"]),
-        }
-        for row in rows
-    ]
-    console.print(_fit_table(console, f"{len(rows)} requests ({journal})", cells))
+    cells = [_cells(row) for row in rows]
+    shown = f"{len(rows)} of {total}" if total != len(rows) else str(total)
+    order = f"{sort}, {'smallest' if asc else 'largest'} first" if sort != "ts" else "oldest first" if asc else ""
+    title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({journal})"
+    console.print(_fit_table(console, title, cells))
+
+
+def _cells(row: dict[str, Any]) -> dict[str, str]:
+    return {
+        "id": row["id"],
+        "time": _clock(row["ts"]),
+        "request": f"{row['method'] or ''} {row['path'] or ''}".strip(),
+        "model": row["model"] or "",
+        "backend": row["backend"] or "",
+        "worker": row["worker"] or "",
+        "status": _status(row),
+        "code": row["error_code"] or "",
+        "stop": row["stop_reason"] or "",
+        "in/out": _tokens(row),
+        "ttfe": _ms(row["ttfe_ms"]),
+        "duration": _ms(row["duration_ms"]),
+    }
 
 
 @journal_app.command("show")
@@ -94,36 +141,11 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """One request: its event timeline, the request, and the response the client got."""
-    with _open(journal) as reader:
-        try:
-            row = reader.get_request(request_id)
-        except JournalError as exc:
-            Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}")
-            raise typer.Exit(1) from exc
-        if row is None:
-            missing = f"no request {request_id!r} in {journal}"
-            Console(stderr=True).print(f"[red]error:[/] {escape(missing)}")
-            raise typer.Exit(1)
-        raw = reader.raw_events(row["id"])
-    known = set(event_kinds())
-    events = [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
+    row, raw, events = _load(journal, request_id)
     response, why = _reconstruct(events)
 
     if as_json:
-        _echo_json(
-            {
-                "request": row,
-                "events": [{"seq": seq, "kind": kind, "t": t, "data": data} for seq, kind, t, data in raw],
-                "response": None
-                if response is None
-                else {
-                    "status": response.status,
-                    "headers": dict(response.headers),
-                    "body": response.body.decode("utf-8", "replace"),
-                },
-                "response_unavailable": why,
-            }
-        )
+        _echo_json(exporting.as_json(row, raw, response, response_error=why))
         return
 
     console = Console()
@@ -150,7 +172,279 @@ def show(
         console.print(_response_view(response.status, dict(response.headers), response.body))
 
 
+@journal_app.command("tail")
+def tail(
+    query: QueryArg = "",
+    journal: JournalOpt = DEFAULT_PATH,
+    interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between looks.")] = 0.5,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON summary per line (JSON Lines).")] = False,
+    max_count: Annotated[
+        int | None, typer.Option("--max", min=1, help="Stop after this many requests.", show_default=False)
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", min=0, help="Stop after this many seconds.", show_default=False)
+    ] = None,
+) -> None:
+    """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
+    where, params = _compile(query)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    err = Console(stderr=True)
+    out = Console(highlight=False)
+    try:
+        reader = _wait_for(journal, deadline, err)
+        if reader is None:
+            return
+        with reader:
+            follower = Follower(_connection(reader), where, params)
+            err.print(f"[dim]following {escape(journal)}{escape(f' for {query!r}') if query else ''}…[/]")
+            shown = 0
+            while True:
+                for request_id in follower.poll():
+                    row = reader.get_request(request_id)
+                    if row is None:  # pruned between the two reads
+                        continue
+                    if as_json:
+                        typer.echo(orjson.dumps(row, default=str).decode())
+                    else:
+                        out.print(_tail_line(row), soft_wrap=True)
+                    shown += 1
+                    if max_count is not None and shown >= max_count:
+                        return
+                if not _sleep(interval, deadline):
+                    return
+    except KeyboardInterrupt:
+        return
+
+
+def _wait_for(path: str, deadline: float | None, err: Console) -> JournalReader | None:
+    """The journal, once it exists (a tail may start before the gateway); None on timeout."""
+    said = False
+    while True:
+        try:
+            return JournalReader(path)
+        except JournalNotFound:
+            if not said:
+                err.print(f"[dim]waiting for {escape(path)} to appear…[/]")
+                said = True
+        except JournalError as exc:
+            _fail(str(exc))
+        if not _sleep(0.5, deadline):
+            return None
+
+
+def _sleep(seconds: float, deadline: float | None) -> bool:
+    """Sleep up to `seconds`, never past `deadline`; False once the deadline has passed."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        seconds = min(seconds, left)
+    time.sleep(seconds)
+    return True
+
+
+def _tail_line(row: dict[str, Any]) -> Text:
+    status = row["status"]
+    style = "green" if status and status < 400 else "yellow" if status and status < 500 else "red"
+    cells = _cells(row)
+    line = Text.assemble(
+        (f"{cells['time']:<18} ", "dim"),
+        (f"{cells['status']:>3} ", style),
+        f"{cells['request']} ",
+        (f"{cells['model'] or '-'} ", "cyan"),
+        f"{cells['duration']:>8} ",
+    )
+    extra = [f"{k}={cells[k]}" for k in ("backend", "stop", "code", "in/out") if cells[k]]
+    line.append(" ".join(extra) + " ", "dim")
+    line.append(row["id"], "bold")
+    return line
+
+
+class ExportFormat(enum.StrEnum):
+    curl = "curl"
+    json = "json"
+    har = "har"
+
+
+@journal_app.command("export")
+def export(
+    request_id: Annotated[str, typer.Argument(help="Request id, or a unique prefix of one.")],
+    journal: JournalOpt = DEFAULT_PATH,
+    fmt: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--as",
+            help="curl: a command that sends the request again (keys from $SMG_API_KEY / $ANTHROPIC_API_KEY); "
+            "json: summary, events and response; har: an HTTP Archive 1.2 log.",
+        ),
+    ] = ExportFormat.json,
+    url: Annotated[
+        str, typer.Option("--url", help="The gateway's base URL, for curl and HAR.")
+    ] = exporting.DEFAULT_BASE_URL,
+) -> None:
+    """Print one request as a curl command, a JSON document or a HAR log."""
+    row, raw, events = _load(journal, request_id)
+    if row.get("bodies") not in (None, "full"):
+        Console(stderr=True).print(
+            f"[yellow]warning:[/] {escape(row['id'])} was journaled with bodies {escape(str(row['bodies']))}:"
+            " its request and response content are not the ones sent"
+        )
+    received = next((e for e in events if isinstance(e, Received)), None)
+    if fmt is ExportFormat.json:
+        response, why = _reconstruct(events)
+        _echo_json(exporting.as_json(row, raw, response, response_error=why))
+    elif received is None:
+        _fail(f"request {row['id']} has no `received` event to export")
+    elif fmt is ExportFormat.curl:
+        typer.echo(exporting.as_curl(received, url))
+    else:
+        response, _ = _reconstruct(events)
+        _echo_json(exporting.as_har(events, response, url, creator_version=_version()))
+
+
+@journal_app.command("stats")
+def stats(
+    query: QueryArg = "",
+    journal: JournalOpt = DEFAULT_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Counts, error codes, stop reasons, latency percentiles and token throughput of QUERY."""
+    where, params = _compile(query)
+    with _open(journal) as reader:
+        numbers = statistics.compute(_connection(reader), where, params)
+    if as_json:
+        _echo_json(numbers)
+        return
+    console = Console()
+    console.print(_stats_view(numbers, query, journal))
+
+
+@journal_app.command("prune")
+def prune(
+    journal: JournalOpt = DEFAULT_PATH,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Delete requests that arrived longer ago than this (7d, 12h).")
+    ] = None,
+    max_size: Annotated[
+        str | None, typer.Option("--max-size", help="Delete the oldest requests until the data fits (500MB, 2GB).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete whole requests, oldest first, by age and/or size (the one command that writes).
+
+    Safe while the gateway runs: it deletes in small transactions the gateway interleaves
+    with its own, and keeps requests that may still be in flight.
+    """
+    from journal.retention import parse_age, parse_size
+    from journal.retention import prune as prune_journal
+    from journal.schema import SchemaTooNew
+
+    if older_than is None and max_size is None:
+        _fail("say what to prune: --older-than AGE and/or --max-size SIZE", code=2)
+    try:
+        max_age_s = parse_age(older_than) if older_than is not None else None
+        max_bytes = parse_size(max_size) if max_size is not None else None
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    try:
+        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    except (sqlite3.DatabaseError, SchemaTooNew) as exc:
+        _fail(f"{journal} cannot be pruned: {exc}")
+    if as_json:
+        _echo_json(vars(result))
+        return
+    typer.echo(
+        f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {journal}:"
+        f" {result.bytes_before / 1e6:.1f} MB -> {result.bytes_after / 1e6:.1f} MB of data"
+    )
+
+
 # -- pieces ------------------------------------------------------------------------------
+
+
+def _load(journal: str, request_id: str) -> tuple[dict[str, Any], list[exporting.RawEvent], list[Event]]:
+    """A request's summary row, its events as stored, and the ones this version knows."""
+    with _open(journal) as reader:
+        try:
+            row = reader.get_request(request_id)
+        except JournalError as exc:
+            _fail(str(exc))
+        if row is None:
+            _fail(f"no request {request_id!r} in {journal}")
+        raw = reader.raw_events(row["id"])
+    known = set(event_kinds())
+    return row, raw, [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("smg-py")
+    except PackageNotFoundError:
+        return ""
+
+
+def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
+    n = numbers["requests"]
+    span = ""
+    if numbers["first_ts"] is not None:
+        span = f", {_clock(numbers['first_ts'], full=True)} → {_clock(numbers['last_ts'], full=True)}"
+    head = Text.assemble(
+        (f"{n} requests", "bold"),
+        f"{f' matching {query!r}' if query else ''} in {journal}{span}\n",
+        f"completed {numbers['completed']}, in flight {numbers['in_flight']}, errors {numbers['errors']}",
+        f" ({numbers['errors'] / n:.1%})" if n else "",
+    )
+    counts = Table.grid(padding=(0, 3))
+    tables = [
+        _count_table(title, numbers[key], n)
+        for key, title in (
+            ("by_status_class", "status"),
+            ("by_model", "model"),
+            ("by_backend", "backend"),
+            ("error_codes", "error code"),
+            ("stop_reasons", "stop reason"),
+        )
+        if numbers[key]
+    ]
+    if tables:
+        counts.add_row(*tables)
+
+    latency = Table(title="latency (ms)", title_justify="left")
+    labels = [k for k in numbers["latency_ms"]["duration"] if k.startswith("p")]
+    latency.add_column("")
+    for name in ("count", *labels, "mean", "max"):
+        latency.add_column(name, justify="right")
+    for name, dist in (("duration", numbers["latency_ms"]["duration"]), ("first event", numbers["latency_ms"]["ttfe"])):
+        latency.add_row(name, str(dist["count"]), *(_num(dist[k]) for k in (*labels, "mean", "max")))
+
+    tok = numbers["tokens"]
+    tokens = Text.assemble(
+        ("tokens ", "bold"),
+        f"input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall",
+        f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)",
+    )
+    return Group(head, counts, latency, tokens)
+
+
+def _count_table(title: str, counts: dict[Any, int], total: int) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right")
+    table.add_column(justify="right", style="dim")
+    for value, count in counts.items():
+        table.add_row(str(value), str(count), f"{count / total:.0%}" if total else "")
+    return table
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
 
 # ls columns, most important first; on a narrow terminal the tail is dropped, not squeezed.
 _LS_COLUMNS = (
@@ -194,13 +488,51 @@ def _timeline(raw: list[tuple[int, str, float, dict[str, Any]]]) -> Table:
     table.add_column("kind", style="bold")
     table.add_column("event", overflow="fold")
     known = set(event_kinds())
+    generated = 0
     for seq, kind, t, data in raw:
         if kind in known:
-            text = describe(event_from_dict(kind, data, t))
+            event = event_from_dict(kind, data, t)
+            text = Text(describe(event))
+            if isinstance(event, Tokens):
+                generated += len(event.ids)
+                text.append(f"  Σ {generated} ids", "dim")
+            detail = _detail(event)
+            if detail:
+                text.append(f"\n{detail}", "dim")
         else:
-            text = f"(unknown kind) {json.dumps(data)[:80]}"
-        table.add_row(str(seq), f"{t * 1000:.1f}", kind, Text(text))
+            text = Text(f"(unknown kind) {json.dumps(data)[:80]}")
+        table.add_row(str(seq), f"{t * 1000:.1f}", kind, text)
     return table
+
+
+def _detail(event: Event) -> str:
+    """What `describe` leaves out of the engine events, worth a second line in a timeline."""
+    if isinstance(event, Rendered):
+        settings = event.settings or {}
+        parts = [f"tokenizer={event.tokenizer}"] if event.tokenizer else []
+        parts += [
+            f"{name}={settings[key]}"
+            for name, key in (
+                ("eos", "eos_token_ids"),
+                ("stop", "stop_sequences"),
+                ("tool_parser", "tool_parser"),
+                ("reasoning_parser", "reasoning_parser"),
+                ("forced_tool", "forced_tool"),
+            )
+            if settings.get(key)
+        ]
+        if event.constraint:
+            parts.append(f"constraint={_clip(json.dumps(event.constraint), 60)}")
+        return " ".join(parts)
+    if isinstance(event, Tokens) and event.prompt_tokens is not None and event.finish_reason:
+        return f"prompt {event.prompt_tokens} + completion {event.completion_tokens} tokens"
+    if isinstance(event, Counted):
+        return "answered by the gateway's tokenizer; no engine call"
+    return ""
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _request_view(received: Any) -> Panel:
