@@ -1,0 +1,129 @@
+"""The bare-JSON tool-call formats (behaviors.md §F.8 `json`, `llama`).
+
+`json`: a call object `{"name": f, "arguments"|"parameters": {...}}`, or an array of them,
+anywhere in the text. This is also the format of `tool_choice: any` under a JSON-schema
+constraint (§F.3).
+
+`llama` (Llama 3.x): `<|python_tag|>` followed by call objects separated by `;`, or a plain call
+object at the start of the output (or right after another call).
+
+Without a marker, a JSON object in prose is no evidence of a call, so a bare object opens a call
+only once it has shown an arguments key and — when the request declared tools — a declared
+tool name. Objects that do not qualify stay text, whole.
+"""
+
+from __future__ import annotations
+
+from smg.pipeline.parsers.tools import jsonstream as js
+from smg.pipeline.parsers.tools.base import TEXT, IdFactory, ToolParser, Tools, tool_names
+
+
+class _BareJson(ToolParser):
+    """Shared: the rule for marker-less call objects."""
+
+    def __init__(self, tools: Tools | None = None, *, new_id: IdFactory | None = None) -> None:
+        super().__init__(tools, new_id=new_id)
+        self._declared = tool_names(self.tools)
+        self._bare = False
+
+    def _accept(self, call: js.JsonCall) -> bool:
+        if not self._bare:
+            return call.args_started or call.done
+        assert call.name is not None
+        return call.args_started and (not self._declared or call.name in self._declared)
+
+
+class JsonParser(_BareJson):
+    name = "json"
+    start_markers = ("{", "[")
+    separators = ";,"
+
+    def _open(self, marker: str) -> None:
+        self._bare = True
+        if marker == "{":
+            self._buf = marker + self._buf
+            self._raw = []
+            self._start_json()
+            self.mode = "call"
+        else:
+            self.mode = "item"
+
+    def _step_mode(self) -> bool:
+        if self.mode == "call" or self.mode == "array":
+            outcome = self._step_json()
+            if outcome is None:
+                return False
+            if outcome:
+                self.mode = TEXT if self.mode == "call" else "next"
+            return True
+        if not self._skip_ws():
+            return False
+        ch = self._buf[0]
+        if self.mode == "item":
+            if ch != "{":
+                self._fail()
+                return True
+            self._start_json()
+            self.mode = "array"
+            return True
+        # "next": after an element
+        if ch == ",":
+            self._consume(1)
+            self.mode = "item"
+        elif ch == "]":
+            self._consume(1)
+            self._raw = []
+            self.mode = TEXT
+        else:
+            self._fail()
+        return True
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class LlamaParser(_BareJson):
+    name = "llama"
+    start_markers = (PYTHON_TAG,)
+    separators = ";"
+
+    def _step_text(self) -> bool:
+        if self._at_start and self._buf:
+            body = self._buf.lstrip(js.WHITESPACE + (self.separators if self._after_call else ""))
+            if not body:
+                self._text(self._buf)
+                self._buf = ""
+                return False
+            if body[0] == "{":
+                self._text(self._buf[: len(self._buf) - len(body)])
+                self._buf = body[1:]
+                self._begin("{")
+                return True
+        return super()._step_text()
+
+    def _open(self, marker: str) -> None:
+        self._bare = marker == "{"
+        if marker == "{":
+            self._buf = marker + self._buf
+            self._raw = []
+            self._start_json()
+            self.mode = "call"
+        else:
+            self.mode = "tag"
+
+    def _step_mode(self) -> bool:
+        if self.mode == "tag":
+            if not self._skip_ws():
+                return False
+            if self._buf[0] != "{":
+                self._fail()
+                return True
+            self._start_json()
+            self.mode = "call"
+            return True
+        outcome = self._step_json()
+        if outcome is None:
+            return False
+        if outcome:
+            self.mode = TEXT
+        return True
