@@ -32,6 +32,8 @@ class GatewayConfig:
     request_timeout_secs: float = 1800.0
     log_level: str = "info"
     journal_path: Path | None = Path("smg-journal.db")
+    journal_bodies: str = "full"  # full | redacted | none (journal.bodies)
+    journal_retention: tuple[float | None, int | None] | None = None  # (max age s, max bytes)
     max_payload_size: int = 536_870_912
     retry: RetryConfig | None = field(default_factory=RetryConfig)
     health_check_interval_secs: float = 30.0
@@ -40,6 +42,8 @@ class GatewayConfig:
     mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)
     chat_template: Path | None = None  # overrides the tokenizer's template (gRPC workers)
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
+    tool_call_parser: str | None = None  # gRPC: else detected from the model id
+    reasoning_parser: str | None = None  # gRPC: else detected from the model id
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

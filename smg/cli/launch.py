@@ -4,6 +4,7 @@ the worker kind, the journal writer and the Sanic app, and serves."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from smg.backends.http.client import TRANSPORTS
@@ -30,6 +31,33 @@ def _aliases(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | None:
+    """A parser name the gateway has; an unknown one falls back to detection, as the spec says."""
+    if name is None or name in known:
+        return name
+    log.warning("%s %r is not a known parser (%s); detecting from the model id", flag, name, ", ".join(sorted(known)))
+    return None
+
+
+def _journal_settings(
+    journal_path: Path | None, retention: str | None, bodies: str
+) -> tuple[float | None, int | None] | None:
+    """Checks `--journal-bodies`; parses `--journal-retention`."""
+    from journal.bodies import MODES
+    from journal.retention import parse_retention
+
+    if bodies not in MODES:
+        raise LaunchError(f"--journal-bodies must be one of {', '.join(MODES)}")
+    if journal_path is None and (retention is not None or bodies != "full"):
+        log.warning("--journal-retention/--journal-bodies have no effect with --no-journal")
+    if retention is None:
+        return None
+    try:
+        return parse_retention(retention)
+    except ValueError as exc:
+        raise LaunchError(f"--journal-retention: {exc}") from None
+
+
 def build_config(
     *,
     host: str,
@@ -51,6 +79,10 @@ def build_config(
     mcp_config_path: Path | None = None,
     chat_template: Path | None = None,
     tokenizer_autoload: bool = True,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    journal_retention: str | None = None,
+    journal_bodies: str = "full",
 ) -> GatewayConfig:
     if not worker_urls:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000)")
@@ -74,8 +106,13 @@ def build_config(
         for path, flag in ((tokenizer_path, "--tokenizer-path"), (model_path, "--model-path")):
             if path and not Path(path).exists():
                 log.warning("%s %s is not a local directory; loading it needs the Hugging Face hub", flag, path)
-        if chat_template is not None and not chat_template.is_file():
+        if chat_template is not None and not chat_template.exists():
             raise LaunchError(f"--chat-template {chat_template}: no such file")
+        from smg.pipeline.parsers.reasoning import REASONING_PARSERS
+        from smg.pipeline.parsers.tools import TOOL_PARSERS
+
+        tool_call_parser = _known_parser("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
+        reasoning_parser = _known_parser("--reasoning-parser", reasoning_parser, REASONING_PARSERS)
     elif backend is not None:
         if backend in _ENGINE_RUNTIMES or backend == "openai":
             pass  # the relay serves any engine that implements the Messages API over HTTP
@@ -94,6 +131,8 @@ def build_config(
             raise LaunchError(str(exc)) from None
         if backend != "anthropic":
             log.warning("--mcp-config-path is used only by the MCP tool loop of --backend anthropic")
+    if (tool_call_parser or reasoning_parser) and not grpc:
+        log.warning("--tool-call-parser/--reasoning-parser are used only by gRPC workers")
     if (model_path or tokenizer_path or chat_template) and not grpc:
         log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
     if upstream_transport not in TRANSPORTS:
@@ -104,6 +143,7 @@ def build_config(
         raise LaunchError("--port must be between 1 and 65535")
     if request_timeout_secs <= 0:
         raise LaunchError("--request-timeout-secs must be positive")
+    retention = _journal_settings(journal_path, journal_retention, journal_bodies)
     return GatewayConfig(
         host=host,
         port=port,
@@ -117,6 +157,8 @@ def build_config(
         request_timeout_secs=request_timeout_secs,
         log_level=log_level.lower(),
         journal_path=journal_path,
+        journal_bodies=journal_bodies,
+        journal_retention=retention,
         max_payload_size=max_payload_size,
         retry=RetryConfig(max_retries=retry_max_retries) if retry_max_retries > 0 else None,
         health_check_interval_secs=health_check_interval_secs,
@@ -124,6 +166,8 @@ def build_config(
         mcp_config_path=mcp_config_path,
         chat_template=chat_template,
         tokenizer_autoload=tokenizer_autoload,
+        tool_call_parser=tool_call_parser if grpc else None,
+        reasoning_parser=reasoning_parser if grpc else None,
     )
 
 
@@ -147,7 +191,11 @@ def run(config: GatewayConfig) -> None:
         from smg.backends.http.relay import HttpRelayBackend
 
         backend = HttpRelayBackend(config, registry, list(config.worker_urls))
-    journal = JournalWriter(config.journal_path) if config.journal_path else NullJournal()
+    journal = (
+        JournalWriter(config.journal_path, bodies=config.journal_bodies, retention=config.journal_retention)
+        if config.journal_path
+        else NullJournal()
+    )
     app = build_app(config, backend, journal)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     app.run(

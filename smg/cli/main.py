@@ -15,6 +15,8 @@ app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
 )
 app.add_typer(journal_app, name="journal")
+app.command("replay")(__import__("smg.cli.replay", fromlist=["_"]).replay)
+app.command("inspect")(__import__("smg.cli.inspect", fromlist=["_"]).inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
 _MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias")
@@ -28,8 +30,6 @@ NOT_YET = {
     "--decode": "prefill/decode disaggregation",
     "--epd-disaggregation": "encode/prefill/decode disaggregation",
     "--policy": "routing policies other than round robin",
-    "--tool-call-parser": "tool-call parsers (gRPC workers)",
-    "--reasoning-parser": "reasoning parsers (gRPC workers)",
     "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
     "--max-concurrent-requests": "concurrency admission",
     "--tenant-rate-limit-enabled": "tenant rate limiting",
@@ -88,6 +88,13 @@ def launch(
         "smg-journal.db"
     ),
     no_journal: Annotated[bool, typer.Option("--no-journal", help="Record nothing.")] = False,
+    journal_retention: Annotated[
+        str | None,
+        typer.Option(help="Prune the journal to an age and/or size, checked every minute: 7d, 500MB, 7d,2GB."),
+    ] = None,
+    journal_bodies: Annotated[
+        str, typer.Option(help="What the journal keeps of content: full, redacted (fingerprints) or none.")
+    ] = "full",
     max_payload_size: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 536_870_912,
     retry_max_retries: Annotated[int, typer.Option(help="Upstream retries per request.")] = 5,
     disable_retries: Annotated[bool, typer.Option("--disable-retries", help="Never retry upstream.")] = False,
@@ -101,6 +108,12 @@ def launch(
     ] = None,
     chat_template: Annotated[
         Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's (gRPC workers).")
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option(help="gRPC workers: the model's tool-call format (default: from the model id).")
+    ] = None,
+    reasoning_parser: Annotated[
+        str | None, typer.Option(help="gRPC workers: the model's reasoning format (default: from the model id).")
     ] = None,
     disable_tokenizer_autoload: Annotated[
         bool,
@@ -139,6 +152,8 @@ def launch(
             request_timeout_secs=request_timeout_secs,
             log_level=log_level,
             journal_path=None if no_journal else journal,
+            journal_retention=journal_retention,
+            journal_bodies=journal_bodies,
             max_payload_size=max_payload_size,
             retry_max_retries=0 if disable_retries else retry_max_retries,
             health_check_interval_secs=health_check_interval_secs,
@@ -146,6 +161,8 @@ def launch(
             mcp_config_path=mcp_config_path,
             chat_template=chat_template,
             tokenizer_autoload=not disable_tokenizer_autoload,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)

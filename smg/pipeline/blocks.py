@@ -23,7 +23,8 @@ BlockKind = Literal["thinking", "text", "tool_use"]
 class BlockBuilder:
     """Stream events for one message: `start`, then deltas, then `finish`."""
 
-    def __init__(self, message_id: str, model: str, stream: bool = True) -> None:
+    def __init__(self, message_id: str, model: str, stream: bool = True, display_omitted: bool = False) -> None:
+        self.display_omitted = display_omitted  # `thinking.display: omitted`: the block, not its text
         self.message_id = message_id
         self.model = model
         self.stream = stream
@@ -45,7 +46,8 @@ class BlockBuilder:
         if not delta:
             return []
         events = self._open("thinking")
-        events.append(ev.thinking_delta(self.index, delta))
+        if not self.display_omitted:
+            events.append(ev.thinking_delta(self.index, delta))
         return events
 
     def text(self, delta: str) -> list[Event]:

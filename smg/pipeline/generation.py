@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from smg.pipeline.blocks import BlockBuilder
 from smg.pipeline.detokenize import Decoder, Detokenizer
+from smg.pipeline.ids import from_parser_id, tool_use_id
 from smg.pipeline.stops import StopMatcher
 from smg.protocol import stream as ev
 
@@ -78,6 +79,14 @@ class GenerationSettings:
     stop_token_map: dict[int, str] = field(default_factory=dict)
     eos_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
+    # How the output is parsed (decided by `smg.pipeline.output.plan_output`).
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    in_reasoning: bool = False
+    start_consumed: bool = False
+    forced_tool: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    display_omitted: bool = False
 
 
 class Generation:
@@ -91,7 +100,9 @@ class Generation:
     ) -> None:
         self.settings = settings
         self.stages: list[TextStage] = list(stages)
-        self.blocks = BlockBuilder(settings.message_id, settings.model, stream=settings.stream)
+        self.blocks = BlockBuilder(
+            settings.message_id, settings.model, stream=settings.stream, display_omitted=settings.display_omitted
+        )
         self._detokenizer = Detokenizer(tokenizer, skip_special_tokens=settings.skip_special_tokens)
         self._stops = StopMatcher(settings.stop_sequences)
         self._eos = frozenset(settings.eos_token_ids)
@@ -184,7 +195,10 @@ class Generation:
             elif isinstance(piece, Thinking):
                 events += self.blocks.thinking(piece.text)
             elif isinstance(piece, ToolCall):
-                events += self.blocks.tool_call(piece.id, piece.name)
+                # A call the model gave no id gets a stable one, so a recomputation matches.
+                index = self.blocks.tool_calls
+                tool_id = from_parser_id(piece.id) if piece.id else tool_use_id(self.settings.message_id, index)
+                events += self.blocks.tool_call(tool_id, piece.name)
             else:
                 events += self.blocks.tool_args(piece.fragment)
         return events

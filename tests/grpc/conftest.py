@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tools.engine_control import EngineControl
 
+from tools.engine_control import EngineControl
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

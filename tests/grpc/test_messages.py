@@ -13,13 +13,13 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from tools.engine_control import EngineControl
 
 from journal.events import Rendered, Tokens
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.projection import reconstruct
 from tests.conftest import wait_for_events
 from tests.grpc.conftest import MODEL, QWEN3
+from tools.engine_control import EngineControl
 from tools.spawn import Spawned
 
 USER = [{"role": "user", "content": "Say hello."}]

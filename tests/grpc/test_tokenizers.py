@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tools.engine_control import EngineControl
 
 from tests.grpc.conftest import MODEL, QWEN3, target_of
+from tools.engine_control import EngineControl
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 USER = [{"role": "user", "content": "Count me."}]

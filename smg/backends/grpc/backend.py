@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
 
-from journal.events import Block, Counted, Error, Event, Rendered, Routed, Tokens
+from journal.events import Block, Counted, Error, Event, Rendered, Routed
 from smg.backends.base import Call, ModelCard
 from smg.backends.grpc.discovery import EngineWorker, check_health, discover, register_tokenizer
 from smg.backends.grpc.engines import connect
@@ -31,6 +31,7 @@ from smg.backends.grpc.request import (
 )
 from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError
 from smg.config import GatewayConfig
+from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
 from smg.pipeline.output import apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
@@ -177,6 +178,8 @@ class GrpcBackend:
         source = entry.source if entry is not None else None
 
         if call.endpoint == "count_tokens":
+            # Answered by the gateway itself: no worker takes part.
+            yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
             yield Rendered(prompt_tokens=len(prompt.ids), prompt_digest=prompt.digest, tokenizer=source)
             yield Counted(input_tokens=len(prompt.ids))
             return
@@ -186,7 +189,14 @@ class GrpcBackend:
             windows = [w.context_windows[call.model] for w in workers if call.model in w.context_windows]
             if windows and len(prompt.ids) > min(windows):
                 raise context_exceeded(min(windows), len(prompt.ids))
-            yield Rendered(prompt_tokens=len(prompt.ids), prompt_digest=prompt.digest, tokenizer=source)
+            yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
+            settings = GenerationSettings(message_id=message_id, model=call.model, stream=call.stream)
+            yield Rendered(
+                prompt_tokens=len(prompt.ids),
+                prompt_digest=prompt.digest,
+                tokenizer=source,
+                settings=settings_record(settings),
+            )
             for payload in empty_message(message_id, call.model, len(prompt.ids)):
                 yield Block(payload)
             return
@@ -259,17 +269,17 @@ class GrpcBackend:
                     settings=settings_record(settings),
                 )
                 generation = Generation(tokenizer, settings, build_stages(settings))
-            outcome = _Outcome()
+            attempt_state = Attempt(generation, len(prompt.ids))
             try:
-                async for event in self._run(engine, engine_call, generation, prompt, outcome):
+                async for event in self._run(engine, engine_call, attempt_state):
                     yield event
             except EngineError as exc:
                 if exc.unavailable:
                     worker.record_failure(exc.message or exc.code, refused=True)
-                if exc.unavailable and not outcome.started and attempt < max_attempts:
+                if exc.unavailable and not attempt_state.started and attempt < max_attempts:
                     log.warning("worker %s unreachable (%s); retrying elsewhere", worker.url, exc.message)
                     continue
-                err = engine_failure(exc, started=outcome.started)
+                err = engine_failure(exc, started=attempt_state.started)
                 yield Error(
                     stage="engine",
                     status=err.status,
@@ -285,73 +295,34 @@ class GrpcBackend:
     def _pick(self, model: str, tried: set[str]) -> Worker:
         return self._registry.select(model, frozenset(tried))
 
-    async def _run(
-        self,
-        engine: EngineWorker,
-        engine_call: Any,
-        generation: Generation,
-        prompt: Prompt,
-        outcome: _Outcome,
-    ) -> AsyncGenerator[Event, None]:
-        """One engine call. `message_start` waits for the engine's first answer, so a refusal
-        (prompt too long for the engine, bad parameters) is an ordinary error response."""
+    async def _run(self, engine: EngineWorker, engine_call: Any, attempt: Attempt) -> AsyncGenerator[Event, None]:
+        """One engine call, its answers handed to `attempt`. `message_start` waits for the
+        engine's first answer, so a refusal (a prompt the engine finds too long, bad
+        parameters) is an ordinary error response."""
         client = engine.client
         stream = client.generate(engine_call)
         settled = False  # the engine finished the request or refused it: nothing to abort
         try:
             async for item in stream:
-                if not outcome.started:
-                    outcome.started = True
-                    for payload in generation.start():
-                        yield Block(payload)
                 if isinstance(item, EngineChunk):
-                    outcome.produced = outcome.produced or bool(item.token_ids)
-                    outcome.prompt_tokens = item.prompt_tokens or outcome.prompt_tokens
-                    outcome.completion_tokens = item.completion_tokens
-                    yield Tokens(
-                        ids=item.token_ids,
-                        prompt_tokens=item.prompt_tokens,
-                        completion_tokens=item.completion_tokens,
-                    )
-                    for payload in generation.feed(item.token_ids):
-                        yield Block(payload)
-                    if generation.stopped:
-                        break
+                    for event in attempt.chunk(item.token_ids, item.prompt_tokens, item.completion_tokens):
+                        yield event
+                    if attempt.stopped:
+                        for event in attempt.stop():
+                            yield event
+                        return
                     continue
                 assert isinstance(item, EngineDone)
                 settled = True
-                outcome.produced = True
-                outcome.prompt_tokens = item.prompt_tokens or outcome.prompt_tokens
-                outcome.completion_tokens = item.completion_tokens
-                matched: int | str | None = item.matched_token_id
-                if matched is None:
-                    matched = item.matched_stop_str
-                yield Tokens(
-                    ids=item.token_ids,
-                    prompt_tokens=item.prompt_tokens,
-                    completion_tokens=item.completion_tokens,
-                    finish_reason=item.finish_reason,
-                    matched_stop=matched,
-                )
-                for payload in generation.feed(item.token_ids):
-                    yield Block(payload)
-                if generation.stopped:
-                    break
-                for payload in generation.finish(
+                for event in attempt.done(
+                    item.token_ids,
                     item.finish_reason,
-                    outcome.prompt_tokens or len(prompt.ids),
+                    item.prompt_tokens,
                     item.completion_tokens,
                     matched_token_id=item.matched_token_id,
                     matched_stop_str=item.matched_stop_str,
                 ):
-                    yield Block(payload)
-                return
-            if generation.stopped:
-                # The gateway matched a stop sequence: the rest of the engine's output is unwanted.
-                for payload in generation.finish(
-                    "stop", outcome.prompt_tokens or len(prompt.ids), outcome.completion_tokens
-                ):
-                    yield Block(payload)
+                    yield event
                 return
             raise EngineError("INTERNAL", "the engine closed the stream without completing the generation")
         except EngineError:
@@ -374,15 +345,3 @@ class GrpcBackend:
         task = asyncio.get_running_loop().create_task(abort(), name=f"smg-abort-{request_id}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
-
-
-class _Outcome:
-    """What one attempt produced so far (whether a retry is still invisible to the client)."""
-
-    __slots__ = ("started", "produced", "prompt_tokens", "completion_tokens")
-
-    def __init__(self) -> None:
-        self.started = False  # message_start was sent
-        self.produced = False
-        self.prompt_tokens = 0
-        self.completion_tokens = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from smg.backends.grpc.types import EngineError, GenerateCall
+from smg.pipeline.constraints import Constraint
 from smg.pipeline.render import Prompt
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.errors import ApiError
@@ -95,6 +96,7 @@ def generate_call(
     stop_ids: dict[int, str],
     defaults: dict[str, float],
     stream: bool,
+    constraint: Constraint | None = None,
 ) -> GenerateCall:
     stops = list(request.stop_sequences or [])
 
@@ -116,6 +118,7 @@ def generate_call(
         stop=stops if runtime in _STRING_STOP_RUNTIMES else [],
         stop_token_ids=[] if runtime in _STRING_STOP_RUNTIMES else sorted(stop_ids),
         stream=stream,
+        constraint=constraint,
         require_reasoning=prompt.thinking is True,
     )
 

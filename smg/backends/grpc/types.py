@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-ConstraintKind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
+from smg.pipeline.constraints import ConstraintKind
 
 
 @dataclass

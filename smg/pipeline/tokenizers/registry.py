@@ -11,6 +11,7 @@ disabled, simply absent (500 `tokenizer_not_found`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import os
@@ -72,14 +73,15 @@ class TokenizerEntry:
 class TokenizerRegistry:
     """Every tokenizer the gateway holds or is loading, and the last failure per name."""
 
-    def __init__(self, *, autoload: bool = True, bundle_dir: Path | None = None) -> None:
+    def __init__(self, *, autoload: bool = True, bundle_dir: str | None = None) -> None:
+        """`bundle_dir`: where tokenizers fetched from workers are kept, by content hash, so a
+        journaled request's tokenizer is still there to replay it (default: the user cache)."""
         self.autoload = autoload
         self._entries: dict[str, TokenizerEntry] = {}  # by id
         self._by_name: dict[str, str] = {}  # name → id
         self._failures: dict[str, str] = {}  # name → why no tokenizer will load on its own
         self._tasks: set[asyncio.Task[None]] = set()
-        self._bundle_dir = bundle_dir
-        self._owned_dirs: list[str] = []
+        self._bundle_dir = bundle_dir or default_bundle_dir()
 
     # lookups
 
@@ -144,6 +146,8 @@ class TokenizerRegistry:
             return existing, False
         if existing is not None and existing.name == name:
             self._drop(existing)
+        if os.path.exists(source):
+            source = os.path.abspath(source)  # journaled as the tokenizer's source: replay loads it
         entry = TokenizerEntry(id=uuid7(), name=name, source=source, chat_template=chat_template)
         self._entries[entry.id] = entry
         self._by_name[name] = entry.id
@@ -185,8 +189,6 @@ class TokenizerRegistry:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for directory in self._owned_dirs:
-            shutil.rmtree(directory, ignore_errors=True)
 
     # internals
 
@@ -216,17 +218,34 @@ class TokenizerRegistry:
             entry.done.set()
 
     def _unpack(self, bundle: bytes) -> str:
-        directory = tempfile.mkdtemp(prefix="smg-tokenizer-", dir=self._bundle_dir)
-        self._owned_dirs.append(directory)
-        root = os.path.realpath(directory)
-        with zipfile.ZipFile(io.BytesIO(bundle)) as archive:
-            for member in archive.infolist():
-                target = os.path.realpath(os.path.join(directory, member.filename))
-                if not target.startswith(root + os.sep):
-                    raise ValueError(f"bundle member escapes its directory: {member.filename!r}")
-            archive.extractall(directory)
+        digest = hashlib.sha256(bundle).hexdigest()[:32]
+        directory = os.path.join(self._bundle_dir, digest)
+        if not os.path.isdir(directory):
+            os.makedirs(self._bundle_dir, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix=f".{digest}-", dir=self._bundle_dir)
+            try:
+                root = os.path.realpath(staging)
+                with zipfile.ZipFile(io.BytesIO(bundle)) as archive:
+                    for member in archive.infolist():
+                        target = os.path.realpath(os.path.join(staging, member.filename))
+                        if not target.startswith(root + os.sep):
+                            raise ValueError(f"bundle member escapes its directory: {member.filename!r}")
+                    archive.extractall(staging)
+                os.replace(staging, directory)  # atomic: a concurrent unpack of the same bundle wins or loses whole
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+                if not os.path.isdir(directory):
+                    raise
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
         # Bundles zip either the files or one directory holding them.
         entries = os.listdir(directory)
         if len(entries) == 1 and os.path.isdir(os.path.join(directory, entries[0])):
             return os.path.join(directory, entries[0])
         return directory
+
+
+def default_bundle_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "smg", "tokenizers")

@@ -9,6 +9,8 @@ as a list of parts, and rendering a conversation into the prompt text.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -16,8 +18,28 @@ from typing import Any, Literal
 
 import jinja2
 from jinja2 import meta, nodes
-from transformers import AutoTokenizer
-from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+
+# The gateway only tokenizes: transformers' advice that PyTorch is missing is noise here.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _transformers() -> Any:
+    """transformers, imported on first use (it takes seconds, and most commands never need it).
+    Under a lock: its lazy module is not safe to import from several loader threads at once."""
+    with _IMPORT_LOCK:
+        import transformers
+
+        transformers.AutoTokenizer  # noqa: B018 - resolve the lazy attribute while holding the lock
+        return transformers
+
+
+def _chat_template_utils() -> Any:
+    with _IMPORT_LOCK:
+        from transformers.utils import chat_template_utils
+
+        return chat_template_utils
 
 ContentFormat = Literal["string", "openai"]
 
@@ -71,6 +93,8 @@ class Tokenizer:
     ) -> Tokenizer:
         """Load from a local directory (never touching the network) or a hub id already in the
         local cache. `chat_template` overrides the model's own: a file path or the template text."""
+        AutoTokenizer = _transformers().AutoTokenizer  # noqa: N806 - the library's class
+
         local = Path(path)
         if local.is_dir():
             hf = AutoTokenizer.from_pretrained(str(local), local_files_only=True)
@@ -124,6 +148,8 @@ class Tokenizer:
         try:
             # transformers' `apply_chat_template` drops keys whose value is None; templates such
             # as DeepSeek's test `content is none` on tool-call turns, so render directly.
+            render_jinja_template = _chat_template_utils().render_jinja_template
+
             rendered: Any = render_jinja_template(
                 conversations=[[dict(m) for m in messages]],
                 tools=[dict(t) for t in tools] if tools is not None else None,
@@ -211,7 +237,7 @@ def _parse(template: str | None) -> nodes.Template | None:
         return None
     try:
         # transformers' own environment, so its extension tags (`{% generation %}`) parse.
-        env: jinja2.Environment = _compile_jinja_template(template).environment
+        env: jinja2.Environment = _chat_template_utils()._compile_jinja_template(template).environment
         return env.parse(template)
     except Exception:
         return None
