@@ -1,7 +1,8 @@
 """Replay of journaled requests and the terminal inspector.
 
 This package reads the journal (`journal`) and reuses the gateway's pipeline and protocol
-models (`smg.pipeline`, `smg.protocol`), never the server. `smg replay` and `smg inspect` are
-built here with the journal-as-a-product work; until then the journal is read with
-`smg journal ls` and `smg journal show`.
+models (`smg.pipeline`, `smg.protocol`, the sans-IO `smg.projection`), never the server or
+the backends. `smg replay`: `replay.offline` recomputes a gRPC generation from its recorded
+engine tokens, `replay.remote` sends a recorded request to a live gateway or worker, and
+`replay.diff` compares two responses. `smg inspect`: `replay.inspector`.
 """

@@ -1,0 +1,266 @@
+"""`smg replay`: run a journaled request again and say what changed.
+
+- `smg replay ID --to URL`: send the recorded request to a gateway or worker (secrets from the
+  operator, never from the journal), journal the run with `replay_of`, diff the answers.
+- `smg replay ID --offline`: recompute a gRPC generation's blocks from its recorded engine
+  tokens with today's pipeline (no engine), diff against the recorded blocks.
+- `smg replay --offline [QUERY] --check`: the same for every matching request; a regression
+  check over real traffic.
+
+Exit codes: 0 identical, 1 differences, 2 usage errors (or a request that cannot be replayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from journal.events import Event
+from journal.query import QueryError, compile_query
+from journal.reader import JournalError, JournalReader
+from journal.schema import DEFAULT_PATH, ENV_VAR
+from replay.diff import render
+from replay.offline import NotReplayable, Report, TokenizerUnavailable, check, load_tokenizer
+from replay.remote import RemoteResult, ReplayError, replay_to
+from smg.pipeline.tokenizers.tokenizer import Tokenizer
+
+IDENTICAL, DIFFERENT, USAGE = 0, 1, 2
+_PAGE = 500
+
+
+def _fail(message: str, code: int = USAGE) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+def replay(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="ID|QUERY",
+            help="A request id (or a unique prefix); with --offline --check, a journal query (default: all).",
+        ),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Base URL of a gateway or worker to send it to.")] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Recompute from the recorded engine tokens; no engine.")
+    ] = False,
+    check_all: Annotated[
+        bool, typer.Option("--check", help="With --offline: every request matching QUERY; exit 1 on any difference.")
+    ] = False,
+    header: Annotated[
+        list[str] | None, typer.Option("--header", "-H", help="'Name: value' to send (repeatable); e.g. credentials.")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="Send `Authorization: Bearer KEY` (the journal keeps no secret).")
+    ] = None,
+    mcp_token: Annotated[
+        list[str] | None,
+        typer.Option("--mcp-token", help="NAME=TOKEN: an MCP server's authorization_token (repeatable)."),
+    ] = None,
+    journal: Annotated[
+        str,
+        typer.Option(
+            "--journal",
+            "-j",
+            envvar=ENV_VAR,
+            help=f"Journal to read (with --to, the replay is recorded there too). Default ${ENV_VAR}, else"
+            f" ./{DEFAULT_PATH}.",
+        ),
+    ] = DEFAULT_PATH,
+    exact: Annotated[
+        bool, typer.Option("--exact", help="With --to: compare ids (message, tool_use) and text as well.")
+    ] = False,
+    text: Annotated[
+        bool, typer.Option("--text", help="With --to: compare text even when the request samples (no temperature 0).")
+    ] = False,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="With --offline: a tokenizer to use instead of the recorded one.")
+    ] = None,
+) -> None:
+    """Replay a journaled request against a live target (--to) or offline through today's pipeline."""
+    if (to is None) == (not offline):
+        raise _fail("give exactly one of --to URL and --offline")
+    if check_all and not offline:
+        raise _fail("--check needs --offline")
+    if offline and (header or api_key or mcp_token or exact or text):
+        raise _fail("--header, --api-key, --mcp-token, --exact and --text go with --to")
+    if to is not None and tokenizer is not None:
+        raise _fail("--tokenizer goes with --offline")
+    if not check_all and not target:
+        raise _fail("which request? give its id (or a unique prefix)")
+    try:
+        reader = JournalReader(journal)
+    except JournalError as exc:
+        raise _fail(str(exc)) from exc
+    console = Console()
+    with reader:
+        if check_all:
+            raise typer.Exit(_check_all(console, reader, target, _tokenizer(tokenizer)))
+        assert target is not None
+        request_id, events = _load(reader, target)
+    if offline:
+        raise typer.Exit(_offline_one(console, request_id, events, _tokenizer(tokenizer)))
+    assert to is not None
+    sent = _headers(header or [], api_key)
+    tokens = _pairs(mcp_token or [], "--mcp-token", "NAME=TOKEN")
+    try:
+        result = asyncio.run(replay_to(events, to, sent, journal, exact=exact, text=text or None, mcp_tokens=tokens))
+    except ReplayError as exc:
+        raise _fail(str(exc)) from exc
+    raise typer.Exit(_show_remote(console, result, exact))
+
+
+# -- input -------------------------------------------------------------------------------
+
+
+def _load(reader: JournalReader, id_or_prefix: str) -> tuple[str, list[Event]]:
+    try:
+        row = reader.get_request(id_or_prefix)
+    except JournalError as exc:
+        raise _fail(str(exc)) from exc
+    if row is None:
+        raise _fail(f"no request {id_or_prefix!r} in {reader.path}")
+    request_id = str(row["id"])
+    if row.get("bodies") not in (None, "full"):
+        raise _fail(f"{request_id} was journaled with --journal-bodies {row['bodies']}: replay needs full bodies")
+    return request_id, [e for _, e in reader.events(request_id)]
+
+
+def _headers(raw: list[str], api_key: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if api_key:
+        out["authorization"] = f"Bearer {api_key}"
+    for item in raw:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise _fail(f"--header {item!r}: expected 'Name: value'")
+        out[name.strip().lower()] = value.strip()
+    return out
+
+
+def _pairs(raw: list[str], flag: str, form: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise _fail(f"{flag} {item!r}: expected {form}")
+        out[name] = value
+    return out
+
+
+def _tokenizer(path: Path | None) -> Tokenizer | None:
+    if path is None:
+        return None
+    try:
+        return load_tokenizer(path)
+    except TokenizerUnavailable as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _matching(reader: JournalReader, query: str | None) -> Iterator[str]:
+    """Ids of the requests `query` selects (all without one), oldest first, page by page."""
+    try:
+        compile_query(query or "")
+    except QueryError as exc:
+        raise _fail(f"bad query {query!r}: {exc}") from exc
+    offset = 0
+    while True:
+        rows = reader.list_requests(_PAGE, query=query or "", offset=offset, descending=False)
+        for row in rows:
+            yield str(row["id"])
+        if len(rows) < _PAGE:
+            return
+        offset += _PAGE
+
+
+# -- offline -----------------------------------------------------------------------------
+
+
+def _offline_one(console: Console, request_id: str, events: list[Event], tokenizer: Tokenizer | None) -> int:
+    try:
+        report = check(events, tokenizer)
+    except NotReplayable as exc:
+        raise _fail(str(exc)) from exc
+    _show_report(console, report, verbose=True)
+    return IDENTICAL if report.identical else DIFFERENT
+
+
+def _show_report(console: Console, report: Report, *, verbose: bool) -> None:
+    partial = " (the client went away: the recorded prefix compared)" if report.partial else ""
+    if report.identical:
+        if verbose:
+            console.print(
+                f"[green]identical[/] {escape(report.request_id)}: {len(report.recorded)} block events recomputed"
+                f" byte for byte{partial}"
+            )
+        else:
+            console.print(f"[green]ok[/]   {escape(report.request_id)}{partial}")
+        return
+    console.print(
+        f"[red]DIFF[/] {escape(report.request_id)}: {len(report.differences)} difference(s) between the recorded"
+        f" blocks and today's pipeline{partial}"
+    )
+    console.print(render(report.differences, left="recorded", right="recomputed"))
+
+
+def _check_all(console: Console, reader: JournalReader, query: str | None, tokenizer: Tokenizer | None) -> int:
+    counts = {"identical": 0, "different": 0, "skipped": 0, "failed": 0}
+    for request_id in _matching(reader, query):
+        events = [e for _, e in reader.events(request_id)]
+        try:
+            report = check(events, tokenizer)
+        except TokenizerUnavailable as exc:
+            counts["failed"] += 1
+            console.print(f"[yellow]FAIL[/] {escape(request_id)}: {escape(str(exc))}")
+            continue
+        except NotReplayable:
+            counts["skipped"] += 1
+            continue
+        counts["identical" if report.identical else "different"] += 1
+        _show_report(console, report, verbose=False)
+    checked = counts["identical"] + counts["different"]
+    console.print(
+        f"checked {checked}: {counts['identical']} identical, {counts['different']} different;"
+        f" {counts['skipped']} skipped (not gRPC generations), {counts['failed']} could not be recomputed"
+    )
+    if counts["different"]:
+        return DIFFERENT
+    return USAGE if counts["failed"] else IDENTICAL
+
+
+# -- remote ------------------------------------------------------------------------------
+
+
+def _show_remote(console: Console, result: RemoteResult, exact: bool) -> int:
+    target_id = f" (the target's id {result.target_request_id})" if result.target_request_id else ""
+    console.print(
+        f"replayed {escape(result.original_id)} to {escape(result.url)}: journaled as"
+        f" {escape(result.replay_id)}{escape(target_id)}, replay_of {escape(result.original_id)}"
+    )
+    if result.status is None:
+        console.print(f"[red]no answer:[/] {escape(result.error or '')}")
+        return USAGE
+    if result.error:
+        console.print(f"[yellow]the answer broke off:[/] {escape(result.error)}")
+    compared = "structure, text" if result.text_compared else "structure"
+    if exact:
+        compared += ", ids"
+    if not result.text_compared:
+        console.print(
+            "[dim]text not compared: the request samples (neither temperature 0 nor top_k 1);"
+            " --text compares it anyway[/]"
+        )
+    if result.identical:
+        console.print(f"[green]identical[/] (HTTP {result.status}; compared: {compared})")
+        return IDENTICAL
+    console.print(f"[red]{len(result.differences)} difference(s)[/] (HTTP {result.status}; compared: {compared})")
+    if result.differences:
+        console.print(render(result.differences, left="original", right="replay"))
+    return DIFFERENT

@@ -1,0 +1,1 @@
+"""Replay: offline recomputation, replays against a live gateway, the structural diff."""
