@@ -26,10 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# Both benches, one after the other (never in parallel: they measure the same cores).
+# Every bench, one after the other (never in parallel: they measure the same cores).
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench.relay
 	$(BIN)/python -m tools.bench.grpc
+	$(BIN)/python -m tools.bench.journal
 
 bench-grpc: $(STAMP)
 	$(BIN)/python -m tools.bench.grpc
