@@ -43,6 +43,8 @@ from smg.routing.workers import Worker, WorkerRegistry
 log = logging.getLogger("smg.grpc")
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
+# Bodies up to this size render inline; the thread hop costs more than rendering them.
+_RENDER_INLINE_BYTES = 16_384
 
 
 def new_message_id() -> str:
@@ -173,7 +175,11 @@ class GrpcBackend:
         workers = self._served_by(call.model)
         tokenizer = self.tokenizers.get(call.model)
         check_servable(request, self.runtime, generating=generating)
-        prompt = render_prompt(tokenizer, request)
+        if len(call.raw) > _RENDER_INLINE_BYTES:
+            # A long conversation renders for tens of milliseconds: not on the event loop.
+            prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
+        else:
+            prompt = render_prompt(tokenizer, request)
         entry = self.tokenizers.lookup(call.model)
         source = entry.source if entry is not None else None
 
