@@ -15,7 +15,8 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import ModuleType
+from typing import Any, ClassVar, cast
 
 import grpc
 import grpc.aio
@@ -194,6 +195,8 @@ class GrpcEngineClient(ABC):
     """One engine over one `grpc.aio` channel, opened on first use in the running loop."""
 
     runtime: str = ""
+    # The protocol's generated messages module: every engine names its requests alike.
+    pb: ClassVar[ModuleType]
     # Whether the engine's chunk `completion_tokens` counts that chunk only (vLLM).
     delta_counts: bool = False
 
@@ -209,20 +212,20 @@ class GrpcEngineClient(ABC):
     @abstractmethod
     def _make_stub(self, channel: grpc.aio.Channel) -> Any: ...
 
-    @abstractmethod
-    def _health_request(self) -> Any: ...
+    def _health_request(self) -> Any:
+        return self.pb.HealthCheckRequest()
 
-    @abstractmethod
-    def _healthy(self, response: Any) -> bool: ...
+    def _healthy(self, response: Any) -> bool:
+        return bool(response.healthy)
 
-    @abstractmethod
-    def _model_info_request(self) -> Any: ...
+    def _model_info_request(self) -> Any:
+        return self.pb.GetModelInfoRequest()
 
     @abstractmethod
     def _engine_info(self, response: Any) -> EngineInfo: ...
 
-    @abstractmethod
-    def _server_info_request(self) -> Any: ...
+    def _server_info_request(self) -> Any:
+        return self.pb.GetServerInfoRequest()
 
     @abstractmethod
     def _abort_request(self, request_id: str) -> Any: ...

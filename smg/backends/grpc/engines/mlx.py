@@ -24,19 +24,11 @@ class MlxClient(GrpcEngineClient):
     """An MLX engine served over gRPC."""
 
     runtime = "mlx"
+    pb = pb
     delta_counts = False
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.MlxEngineStub(channel)
-
-    def _health_request(self) -> Any:
-        return pb.HealthCheckRequest()
-
-    def _healthy(self, response: Any) -> bool:
-        return bool(response.healthy)
-
-    def _model_info_request(self) -> Any:
-        return pb.GetModelInfoRequest()
 
     def _engine_info(self, response: Any) -> EngineInfo:
         return model_info(
@@ -47,9 +39,6 @@ class MlxClient(GrpcEngineClient):
             vocab_size=response.vocab_size,
             model_type=response.model_type,
         )
-
-    def _server_info_request(self) -> Any:
-        return pb.GetServerInfoRequest()
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_ids=[request_id])

@@ -38,19 +38,11 @@ class SglangClient(GrpcEngineClient):
     """An SGLang scheduler served over gRPC."""
 
     runtime = "sglang"
+    pb = pb
     delta_counts = False
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.SglangSchedulerStub(channel)
-
-    def _health_request(self) -> Any:
-        return pb.HealthCheckRequest()
-
-    def _healthy(self, response: Any) -> bool:
-        return bool(response.healthy)
-
-    def _model_info_request(self) -> Any:
-        return pb.GetModelInfoRequest()
 
     def _engine_info(self, response: Any) -> EngineInfo:
         return model_info(
@@ -66,9 +58,6 @@ class SglangClient(GrpcEngineClient):
                 response.default_sampling_params_json, response.preferred_sampling_params
             ),
         )
-
-    def _server_info_request(self) -> Any:
-        return pb.GetServerInfoRequest()
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_id=request_id, reason="aborted by the gateway")

@@ -37,19 +37,11 @@ class TokenSpeedClient(GrpcEngineClient):
     """A TokenSpeed scheduler served over gRPC."""
 
     runtime = "tokenspeed"
+    pb = pb
     delta_counts = False
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.TokenSpeedSchedulerStub(channel)
-
-    def _health_request(self) -> Any:
-        return pb.HealthCheckRequest()
-
-    def _healthy(self, response: Any) -> bool:
-        return bool(response.healthy)
-
-    def _model_info_request(self) -> Any:
-        return pb.GetModelInfoRequest()
 
     def _engine_info(self, response: Any) -> EngineInfo:
         return model_info(
@@ -63,9 +55,6 @@ class TokenSpeedClient(GrpcEngineClient):
             model_type=response.model_type,
             default_sampling=sampling_defaults(response.default_sampling_params_json),
         )
-
-    def _server_info_request(self) -> Any:
-        return pb.GetServerInfoRequest()
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_id=request_id, reason="aborted by the gateway")

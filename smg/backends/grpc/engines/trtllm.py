@@ -35,19 +35,14 @@ class TrtllmClient(GrpcEngineClient):
     """A TensorRT-LLM engine served over gRPC."""
 
     runtime = "trtllm"
+    pb = pb
     delta_counts = False
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.TrtllmServiceStub(channel)
 
-    def _health_request(self) -> Any:
-        return pb.HealthCheckRequest()
-
     def _healthy(self, response: Any) -> bool:
         return str(response.status).strip().lower() == "ok"
-
-    def _model_info_request(self) -> Any:
-        return pb.GetModelInfoRequest()
 
     def _engine_info(self, response: Any) -> EngineInfo:
         return model_info(
@@ -55,9 +50,6 @@ class TrtllmClient(GrpcEngineClient):
             max_context_length=response.max_seq_len or response.max_input_len,
             vocab_size=response.vocab_size,
         )
-
-    def _server_info_request(self) -> Any:
-        return pb.GetServerInfoRequest()
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_id=request_id)

@@ -39,19 +39,11 @@ class VllmClient(GrpcEngineClient):
     """A vLLM engine served over gRPC."""
 
     runtime = "vllm"
+    pb = pb
     delta_counts = True
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.VllmEngineStub(channel)
-
-    def _health_request(self) -> Any:
-        return pb.HealthCheckRequest()
-
-    def _healthy(self, response: Any) -> bool:
-        return bool(response.healthy)
-
-    def _model_info_request(self) -> Any:
-        return pb.GetModelInfoRequest()
 
     def _engine_info(self, response: Any) -> EngineInfo:
         return model_info(
@@ -65,9 +57,6 @@ class VllmClient(GrpcEngineClient):
             model_type=response.model_type,
             default_sampling=sampling_defaults(response.default_sampling_params_json),
         )
-
-    def _server_info_request(self) -> Any:
-        return pb.GetServerInfoRequest()
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_ids=[request_id])
