@@ -38,22 +38,10 @@ from replay.diff import Difference, deterministic, diff, from_http
 from smg.projection import reconstruct
 from smg.protocol import codec
 from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.headers import is_forwarded
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
 
-# The relay's allowlist (`smg.backends.http.headers._FORWARDED`), plus `x-request-id-*`.
-FORWARDED = frozenset(
-    {
-        "authorization",
-        "anthropic-version",
-        "anthropic-beta",
-        "x-request-id",
-        "x-correlation-id",
-        "traceparent",
-        "tracestate",
-        "x-smg-routing-key",
-    }
-)
 # A gateway turns its MCP tool loop on with this header; without it the replay would not take
 # the path the original took.
 GATEWAY_HEADERS = frozenset({"x-smg-mcp"})
@@ -86,7 +74,7 @@ def forwarded_headers(recorded: Mapping[str, str], supplied: Mapping[str, str], 
             continue
         if key in SECRET_HEADERS or key in REQUEST_ID_HEADERS or value.startswith(_REDACTED):
             continue
-        if key in FORWARDED or key in GATEWAY_HEADERS or key.startswith("x-request-id-"):
+        if is_forwarded(key) or key in GATEWAY_HEADERS:
             out[key] = value
     out["content-type"] = content_type
     for name, value in supplied.items():

@@ -8,11 +8,12 @@ before its first response byte; after that, it yields an `Error` event and stops
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from journal.events import Event
+from smg.routing.workers import Worker
 
 Endpoint = Literal["messages", "count_tokens"]
 
@@ -35,6 +36,18 @@ class ModelCard:
     id: str
     owned_by: str
     context_window: int | None = None
+
+
+def model_cards(workers: Iterable[Worker]) -> list[ModelCard]:
+    """One card per served model; a model's context window is the smallest its workers advertise."""
+    cards: dict[str, ModelCard] = {}
+    for worker in workers:
+        for model in worker.models:
+            window = worker.context_windows.get(model)
+            card = cards.setdefault(model, ModelCard(id=model, owned_by="smg", context_window=window))
+            if window and (card.context_window is None or window < card.context_window):
+                card.context_window = window
+    return sorted(cards.values(), key=lambda c: c.id)
 
 
 class Backend(Protocol):

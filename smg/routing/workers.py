@@ -7,10 +7,13 @@ backends discover models and health and report them here.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from smg.protocol.errors import ApiError
+
+log = logging.getLogger("smg.workers")
 
 
 def worker_kind(url: str) -> str:
@@ -49,6 +52,16 @@ class Worker:
 
     def record_success(self) -> None:
         self.consecutive_failures = 0
+
+    def record_health(self, ok: bool, error: str | None = None) -> bool:
+        """A health check's outcome; a change of state is logged once. Returns `ok`."""
+        self.last_error = None if ok else error
+        if ok != self.healthy:
+            log.warning("worker %s is now %s", self.url, "healthy" if ok else f"unhealthy ({error})")
+        self.healthy = ok
+        if ok:
+            self.consecutive_failures = 0
+        return ok
 
     def serves(self, model: str) -> bool:
         return self.wildcard or model in self.models

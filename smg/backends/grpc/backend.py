@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
-from smg.backends.base import Call, ModelCard
+from smg.backends.base import Call, ModelCard, model_cards
 from smg.backends.grpc.discovery import EngineWorker, check_health, discover, register_tokenizer
 from smg.backends.grpc.engines import connect
 from smg.backends.grpc.request import (
@@ -138,16 +138,7 @@ class GrpcBackend:
                     await check_health(engine)
 
     def models(self) -> list[ModelCard]:
-        cards: dict[str, ModelCard] = {}
-        for worker in self._registry.all():
-            if worker.kind != "grpc":
-                continue
-            for model in worker.models:
-                window = worker.context_windows.get(model)
-                card = cards.setdefault(model, ModelCard(id=model, owned_by="smg", context_window=window))
-                if window and (card.context_window is None or window < card.context_window):
-                    card.context_window = window
-        return sorted(cards.values(), key=lambda c: c.id)
+        return model_cards(w for w in self._registry.all() if w.kind == "grpc")
 
     def ready(self) -> bool:
         """Some worker is up, and every healthy worker's model has its tokenizer (unless

@@ -62,19 +62,11 @@ async def discover(engine: EngineWorker) -> bool:
 
 
 async def check_health(engine: EngineWorker) -> bool:
-    worker = engine.worker
     try:
         ok = await engine.client.health()
-        worker.last_error = None if ok else "health check answered unhealthy"
     except EngineError as exc:
-        ok = False
-        worker.last_error = f"health check failed: {exc.message or exc.code}"
-    if ok != worker.healthy:
-        log.warning("worker %s is now %s", worker.url, "healthy" if ok else f"unhealthy ({worker.last_error})")
-    worker.healthy = ok
-    if ok:
-        worker.consecutive_failures = 0
-    return ok
+        return engine.worker.record_health(False, f"health check failed: {exc.message or exc.code}")
+    return engine.worker.record_health(ok, "health check answered unhealthy")
 
 
 async def register_tokenizer(

@@ -61,14 +61,6 @@ async def discover(worker: Worker, client: httpx.AsyncClient, timeout: float = 5
 async def check_health(worker: Worker, client: httpx.AsyncClient, timeout: float = 5.0) -> bool:
     try:
         resp = await client.get(f"{worker.url}/health", timeout=timeout)
-        ok = resp.status_code < 400
-        worker.last_error = None if ok else f"health check answered {resp.status_code}"
     except httpx.HTTPError as exc:
-        ok = False
-        worker.last_error = f"health check failed: {exc!r}"
-    if ok != worker.healthy:
-        log.warning("worker %s is now %s", worker.url, "healthy" if ok else f"unhealthy ({worker.last_error})")
-    worker.healthy = ok
-    if ok:
-        worker.consecutive_failures = 0
-    return ok
+        return worker.record_health(False, f"health check failed: {exc!r}")
+    return worker.record_health(resp.status_code < 400, f"health check answered {resp.status_code}")

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-_FORWARDED = frozenset(
-    {
-        "authorization",
-        "anthropic-version",
-        "anthropic-beta",
-        "x-request-id",
-        "x-correlation-id",
-        "traceparent",
-        "tracestate",
-        "x-smg-routing-key",
-    }
-)
+from smg.protocol.headers import is_forwarded
 
 _HOP_BY_HOP = frozenset(
     {
@@ -40,7 +29,7 @@ def forwarded_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
-        if key in _FORWARDED or key.startswith("x-request-id-"):
+        if is_forwarded(key):
             out[key] = value
     out["content-type"] = "application/json"
     return out

@@ -17,7 +17,7 @@ import httpx
 
 from journal.events import Error, Event, Routed, Upstream
 from journal.pieces import text_piece
-from smg.backends.base import Call, ModelCard
+from smg.backends.base import Call, ModelCard, model_cards
 from smg.backends.http.client import make_client
 from smg.backends.http.discovery import check_health, discover
 from smg.backends.http.headers import forwarded_request_headers, relayed_response_headers
@@ -89,16 +89,7 @@ class HttpRelayBackend:
             await self._client.aclose()
 
     def models(self) -> list[ModelCard]:
-        cards: dict[str, ModelCard] = {}
-        for worker in self._registry.all():
-            if worker.kind != "http":
-                continue
-            for model in worker.models:
-                window = worker.context_windows.get(model)
-                card = cards.setdefault(model, ModelCard(id=model, owned_by="smg", context_window=window))
-                if window and (card.context_window is None or window < card.context_window):
-                    card.context_window = window
-        return sorted(cards.values(), key=lambda c: c.id)
+        return model_cards(w for w in self._registry.all() if w.kind == "http")
 
     def _url(self, base: str, path: str) -> httpx.URL:
         # Parsed once per worker and path: httpx would otherwise parse the string per request.
