@@ -1,4 +1,5 @@
-"""The `smg` command: `smg launch` starts the gateway; `smg journal …` reads what it recorded."""
+"""The `smg` command: `smg launch` starts the gateway; `smg journal …` reads what it recorded;
+`smg replay` re-runs a recorded request; `smg inspect` browses the journal live."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Annotated
 
 import typer
 
+from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
+from smg.cli.replay import replay
 
 app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
 )
 app.add_typer(journal_app, name="journal")
-app.command("replay")(__import__("smg.cli.replay", fromlist=["_"]).replay)
-app.command("inspect")(__import__("smg.cli.inspect", fromlist=["_"]).inspect_command)
+app.command("replay")(replay)
+app.command("inspect")(inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
 _MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias")
