@@ -1,8 +1,8 @@
 """Replay against a live gateway or worker: the recorded request sent again, the answer diffed.
 
 What is sent: the recorded method, path, query and body (the client's bytes as journaled), and
-the recorded headers a worker would get (the relay's allowlist, copied from
-`smg.backends.http.headers`) minus every secret. The journal keeps only fingerprints of
+the recorded headers a worker would get (the spec's allowlist, `smg.protocol.headers`) minus
+every secret. The journal keeps only fingerprints of
 secrets, and those are never sent: credentials come from the operator (`headers`, e.g.
 `Authorization: Bearer …`), MCP server tokens from `mcp_tokens`. The request-id headers are
 dropped too, so the target files the replay under an id of its own instead of the original's;
