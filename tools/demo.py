@@ -63,7 +63,7 @@ def main() -> int:
         )
         answer = httpx.post(
             f"{gateway.url}/v1/messages",
-            json={"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "self-check"}]},
+            json={"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "self-check"}]},
             headers={"anthropic-version": "2023-06-01"},
             timeout=10,
         )
