@@ -30,7 +30,6 @@ import asyncio
 import math
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -53,6 +52,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from tools.bench.common import csv_ints, csv_list, load_average, stop_all
 from tools.bench.load import _cpu_seconds, percentiles
 from tools.bench.relay import Generator
 from tools.engine_control import EngineControl
@@ -498,10 +498,6 @@ def _measure_all(args: argparse.Namespace, setup: Setup, generator: Generator) -
     return runs
 
 
-def _load_average() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-
-
 def _header(args: argparse.Namespace, setup: Setup, load_before: str) -> list[str]:
     cores = os.cpu_count()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
@@ -509,7 +505,7 @@ def _header(args: argparse.Namespace, setup: Setup, load_before: str) -> list[st
     return [
         f"[bold]smg gRPC path bench[/] - {cores} cores ({usable} usable), {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}, loopback; engine, gateways and load generator share the cores",
-        f"load average 1/5/15 min: {load_before} before, {_load_average()} after (other work shares the cores)",
+        f"load average 1/5/15 min: {load_before} before, {load_average()} after (other work shares the cores)",
         f"scripted SGLang engine (qwen3 fixture): {args.output_tokens} output tokens per request, 1 per chunk, no "
         f"delay; prompt {len(setup.prompt_ids)} tokens",
         f"each run: {args.warmup:g} s warm-up + {span} measured; {args.reps} interleaved run(s) per cell; "
@@ -720,7 +716,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> tuple[list[dict[str
     generator: Generator | None = None
     workdir = Path(tempfile.mkdtemp(prefix="smg-bench-grpc-"))
     failed = False
-    load_before = _load_average()
+    load_before = load_average()
     try:
         generator = GrpcGenerator(workdir / "load.log")
         setup = _start(args, workdir, started)
@@ -731,24 +727,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> tuple[list[dict[str
     finally:
         if generator is not None:
             generator.stop()
-        for spawned in reversed(started):
-            spawned.stop()
-        if failed:
-            logs = [str(workdir)] + [str(s.log_path) for s in started]
-            console.print(f"[yellow]bench failed; logs kept: {', '.join(logs)}[/]", highlight=False)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-            for spawned in started:  # spawn() gives each process a log directory of its own
-                if spawned.log_path.parent.name.startswith("smg-spawn-"):
-                    shutil.rmtree(spawned.log_path.parent, ignore_errors=True)
-
-
-def _csv_ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+        stop_all(started, workdir, failed=failed, console=console)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -759,12 +738,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, help="requests measured per run, instead of a duration")
     parser.add_argument("--warmup", type=float, help=f"seconds of warm-up per run (default {DEFAULTS['warmup']})")
     parser.add_argument("--reps", type=int, help=f"interleaved runs per cell (default {DEFAULTS['reps']})")
-    parser.add_argument("--concurrency", type=_csv_ints, help="comma-separated (default 1,16,64)")
-    parser.add_argument("--modes", type=_csv, default=["stream", "json"], help="stream,json")
+    parser.add_argument("--concurrency", type=csv_ints, help="comma-separated (default 1,16,64)")
+    parser.add_argument("--modes", type=csv_list, default=["stream", "json"], help="stream,json")
     parser.add_argument("--output-tokens", type=int, help=f"tokens per answer (default {DEFAULTS['output_tokens']})")
     parser.add_argument(
         "--targets",
-        type=_csv,
+        type=csv_list,
         default=[t.key for t in TARGETS],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )

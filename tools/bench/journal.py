@@ -42,6 +42,7 @@ from journal.bodies import MODES
 from journal.events import Completed, Event, Received, Routed, Upstream, Validated
 from journal.writer import JournalWriter
 from tools.bench import relay
+from tools.bench.common import csv_list
 from tools.bench.load import MODEL, request_body
 from tools.bench.report import Run, group, paired_ratio, scenario_table
 
@@ -253,7 +254,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--bodies",
-        type=relay._csv,
+        type=csv_list,
         default=list(MODES),
         help="writer runs per --journal-bodies mode: full,redacted,none",
     )

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import orjson
 from rich.console import Console
 from rich.progress import Progress
 
+from tools.bench.common import csv_ints, csv_list, load_average, stop_all
 from tools.bench.report import DIRECT, TARGETS, Run, Target, render, scenario_name, summary
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway, spawn_worker
 
@@ -179,10 +179,6 @@ def _measure_all(
     return runs
 
 
-def _load_average() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-
-
 def _header(args: argparse.Namespace, pinned: str, load_before: str) -> list[str]:
     cores = os.cpu_count()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
@@ -190,7 +186,7 @@ def _header(args: argparse.Namespace, pinned: str, load_before: str) -> list[str
     return [
         f"[bold]smg relay bench[/] - {cores} cores ({usable} usable), {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}, loopback; load generator: aiohttp, own process, {pinned}",
-        f"load average 1/5/15 min: {load_before} before, {_load_average()} after (other work shares the cores)",
+        f"load average 1/5/15 min: {load_before} before, {load_average()} after (other work shares the cores)",
         f"each run: {args.warmup:g} s warm-up + {span} measured; {args.reps} interleaved run(s) per cell; "
         "medians, ± = half the min-max range",
         f"echo of a {args.prompt_words}-word prompt (streams: ~{args.prompt_words + 7} SSE events); "
@@ -205,7 +201,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> tuple[list[Run], li
     generator: Generator | None = None
     workdir = Path(tempfile.mkdtemp(prefix="smg-bench-"))
     failed = False
-    load_before = _load_average()
+    load_before = load_average()
     try:
         generator, servers, pinned = _start_all(args, targets, workdir, started)
         return _measure_all(args, targets, generator, servers), _header(args, pinned, load_before)
@@ -215,24 +211,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> tuple[list[Run], li
     finally:
         if generator is not None:
             generator.stop()
-        for spawned in reversed(started):
-            spawned.stop()
-        if failed:
-            logs = [str(workdir)] + [str(s.log_path) for s in started]
-            console.print(f"[yellow]bench failed; logs kept: {', '.join(logs)}[/]", highlight=False)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-            for spawned in started:  # spawn() gives each process a log directory of its own
-                if spawned.log_path.parent.name.startswith("smg-spawn-"):
-                    shutil.rmtree(spawned.log_path.parent, ignore_errors=True)
-
-
-def _csv_ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+        stop_all(started, workdir, failed=failed, console=console)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -242,11 +221,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, help="requests measured per run, instead of a duration")
     parser.add_argument("--warmup", type=float, help=f"seconds of warm-up per run (default {DEFAULTS['warmup']})")
     parser.add_argument("--reps", type=int, help=f"interleaved runs per cell (default {DEFAULTS['reps']})")
-    parser.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64], help="comma-separated")
-    parser.add_argument("--modes", type=_csv, default=["json", "stream"], help="json,stream")
+    parser.add_argument("--concurrency", type=csv_ints, default=[1, 16, 64], help="comma-separated")
+    parser.add_argument("--modes", type=csv_list, default=["json", "stream"], help="json,stream")
     parser.add_argument(
         "--targets",
-        type=_csv,
+        type=csv_list,
         default=[t.key for t in TARGETS],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
