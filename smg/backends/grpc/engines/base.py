@@ -221,8 +221,22 @@ class GrpcEngineClient(ABC):
     def _model_info_request(self) -> Any:
         return self.pb.GetModelInfoRequest()
 
-    @abstractmethod
-    def _engine_info(self, response: Any) -> EngineInfo: ...
+    def _engine_info(self, response: Any) -> EngineInfo:
+        """`GetModelInfo` as SGLang, vLLM and TokenSpeed spell it (the others override)."""
+        return model_info(
+            model_path=response.model_path,
+            served_model_name=response.served_model_name,
+            tokenizer_path=response.tokenizer_path,
+            max_context_length=response.max_context_length,
+            eos_token_ids=list(response.eos_token_ids),
+            vocab_size=response.vocab_size,
+            supports_vision=response.supports_vision,
+            model_type=response.model_type,
+            # Only SGLang also has the older `preferred_sampling_params`.
+            default_sampling=sampling_defaults(
+                response.default_sampling_params_json, getattr(response, "preferred_sampling_params", "")
+            ),
+        )
 
     def _server_info_request(self) -> Any:
         return self.pb.GetServerInfoRequest()
@@ -234,8 +248,25 @@ class GrpcEngineClient(ABC):
     def generate_request(self, call: GenerateCall) -> Any:
         """The engine's `GenerateRequest` for `call` (public so tests can read the mapping)."""
 
-    @abstractmethod
-    def _read(self, response: Any) -> RawChunk | RawComplete | None: ...
+    def _read(self, response: Any) -> RawChunk | RawComplete | None:
+        """A `GenerateResponse` as SGLang, vLLM and TokenSpeed spell it (the others override)."""
+        which = response.WhichOneof("response")
+        if which == "chunk":
+            c = response.chunk
+            return RawChunk(list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+        if which == "complete":
+            c = response.complete
+            token_id, stop_str = matched_stop(c)
+            return RawComplete(
+                output_ids=list(c.output_ids),
+                finish_reason=c.finish_reason,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                cached_tokens=c.cached_tokens,
+                matched_token_id=token_id,
+                matched_stop_str=stop_str,
+            )
+        return None
 
     # -- EngineClient ------------------------------------------------------------------------
 

@@ -17,13 +17,8 @@ from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as pb_grpc
 
 from smg.backends.grpc.engines.base import (
     GrpcEngineClient,
-    RawChunk,
-    RawComplete,
-    matched_stop,
-    model_info,
-    sampling_defaults,
 )
-from smg.backends.grpc.types import EngineInfo, GenerateCall
+from smg.backends.grpc.types import GenerateCall
 
 _CONSTRAINT_FIELDS = {
     "json_schema": "json_schema",
@@ -42,19 +37,6 @@ class TokenSpeedClient(GrpcEngineClient):
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.TokenSpeedSchedulerStub(channel)
-
-    def _engine_info(self, response: Any) -> EngineInfo:
-        return model_info(
-            model_path=response.model_path,
-            served_model_name=response.served_model_name,
-            tokenizer_path=response.tokenizer_path,
-            max_context_length=response.max_context_length,
-            eos_token_ids=list(response.eos_token_ids),
-            vocab_size=response.vocab_size,
-            supports_vision=response.supports_vision,
-            model_type=response.model_type,
-            default_sampling=sampling_defaults(response.default_sampling_params_json),
-        )
 
     def _abort_request(self, request_id: str) -> Any:
         return pb.AbortRequest(request_id=request_id, reason="aborted by the gateway")
@@ -87,22 +69,3 @@ class TokenSpeedClient(GrpcEngineClient):
             sampling_params=params,
             stream=call.stream,
         )
-
-    def _read(self, response: Any) -> RawChunk | RawComplete | None:
-        which = response.WhichOneof("response")
-        if which == "chunk":
-            c = response.chunk
-            return RawChunk(list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens)
-        if which == "complete":
-            c = response.complete
-            token_id, stop_str = matched_stop(c)
-            return RawComplete(
-                output_ids=list(c.output_ids),
-                finish_reason=c.finish_reason,
-                prompt_tokens=c.prompt_tokens,
-                completion_tokens=c.completion_tokens,
-                cached_tokens=c.cached_tokens,
-                matched_token_id=token_id,
-                matched_stop_str=stop_str,
-            )
-        return None
