@@ -1,0 +1,134 @@
+"""What every routing policy sees and returns: candidates, the request's routing context, a choice.
+
+A policy is a plain object with no I/O and no background task. It is handed the healthy,
+breaker-closed workers of one pool (non-empty, in a stable order) and picks one; whatever it
+remembers (counters, prefix trees, hash rings, sticky pins) is kept per model inside it and
+dropped per worker through `forget`. Randomness comes from an injected `random.Random` and time
+from an injected clock, so a seeded policy replays the same decisions.
+
+`PolicyConfig` is the one typed object holding every knob of every policy, with the reference
+gateway's defaults and flag names.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+
+class Candidate(Protocol):
+    """A worker as a policy sees it; the registry's worker satisfies this."""
+
+    @property
+    def id(self) -> str:
+        """Stable worker id."""
+        ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def load(self) -> int:
+        """Requests in flight at the gateway, plus the engine-reported queue when known."""
+        ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """The request as the policies route it.
+
+    `text` is `keys.routing_text(request)`; `routing_key` is `keys.routing_key(headers, names)`;
+    `affinity_key` is `keys.affinity_key(headers)`, a digest of a stable client header that
+    `consistent_hashing` falls back to when there is no routing key.
+    """
+
+    model: str
+    text: str = ""
+    routing_key: str | None = None
+    affinity_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[C]):
+    """The chosen worker and a short reason for the journal."""
+
+    worker: C
+    reason: str
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, candidates: Sequence[C], ctx: RouteContext) -> Choice[C]:
+        """Pick one of `candidates` (non-empty, stable order) for the request `ctx`."""
+        ...
+
+    def forget(self, worker_id: str) -> None:
+        """The worker left the registry: drop whatever is remembered about it."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Every policy knob, with the reference gateway's defaults (its Rust CLI) and flag names.
+
+    cache_aware:
+      `cache_threshold` (`--cache-threshold`, alias `--cache-match-threshold`; 0.3): the matched
+      share of the routing text above which a worker already holding the prefix is preferred.
+      `balance_abs_threshold` (`--balance-abs-threshold`, alias `--spill-abs-threshold`; 64) and
+      `balance_rel_threshold` (`--balance-rel-threshold`, alias `--spill-rel-threshold`; 1.5): a
+      cache-matched worker whose load exceeds the pool's mean load by more than both margins is
+      passed over for the least-loaded one.
+      `eviction_interval_secs` (`--eviction-interval`, 120; the Python wrapper's
+      `--eviction-interval-secs` defaults to 60): how often the prefix trees are trimmed; 0 never.
+      `max_tree_size` (`--max-tree-size`; 2**26): characters each model's tree may hold, summed over
+      its workers, after a trim.
+    prefix_hash:
+      `prefix_token_count` (`--prefix-token-count`; 256): tokens of prefix hashed; untokenized
+      text hashes four characters per token.
+      `prefix_hash_load_factor` (`--prefix-hash-load-factor`; 1.25) and
+      `prefix_hash_balance_abs_threshold` (`--prefix-hash-balance-abs-threshold`; 10): the ring's
+      owner is overloaded when its load exceeds the mean (counting the incoming request) by both
+      this multiple and this many requests.
+    manual:
+      `max_idle_secs` (`--max-idle-secs`, alias `--sticky-key-idle-secs`; 14400): a routing key's
+      pin is dropped after this long unused, checked every `eviction_interval_secs`.
+      `assignment_mode` (`--assignment-mode`; `random` for the manual policy): how a first-seen key
+      picks its worker: `random`, `min_load`, `min_group` (fewest pinned keys), or `delegate`
+      (which the manual policy treats as `min_load`).
+    routing keys:
+      `routing_key_headers` (`--routing-key-headers`; `x-smg-routing-key`): the headers read, in
+      order, for the routing key (`keys.routing_key`).
+    """
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_secs: float = 120.0
+    max_tree_size: int = 2**26
+    prefix_token_count: int = 256
+    prefix_hash_load_factor: float = 1.25
+    prefix_hash_balance_abs_threshold: int = 10
+    max_idle_secs: float = 14400.0
+    assignment_mode: str = "random"
+    routing_key_headers: tuple[str, ...] = ("x-smg-routing-key",)
+
+
+def least_loaded(candidates: Sequence[C], rng: random.Random) -> C:
+    """The candidate with the lowest load; equal loads are broken uniformly at random."""
+    best = min(c.load for c in candidates)
+    tied = [c for c in candidates if c.load == best]
+    return tied[0] if len(tied) == 1 else tied[rng.randrange(len(tied))]
+
+
+def loads_of(candidates: Sequence[Candidate]) -> str:
+    """The pool's loads for a reason string: `3,0,1` in candidate order, or a range for a large pool."""
+    loads = [c.load for c in candidates]
+    if len(loads) <= 8:
+        return ",".join(map(str, loads))
+    return f"{min(loads)}..{max(loads)} over {len(loads)}"
