@@ -54,29 +54,30 @@ class CacheAwarePolicy:
             tree.evict(self._config.max_tree_size)
         self._next_eviction = now + self._config.eviction_interval_secs
 
-    def _least_loaded(self, candidates: Sequence[C]) -> C:
-        index = min(range(len(candidates)), key=lambda i: (candidates[i].load, self._sent.get(candidates[i].id, 0), i))
-        return candidates[index]
-
     def _pick(self, candidates: Sequence[C], tree: PrefixTree, text: str) -> tuple[C, str]:
         config = self._config
         match = tree.match(text)
         if match.ratio > config.cache_threshold:
             holding = set(match.tenants)
             holders = [c for c in candidates if c.id in holding]
-            if holders:
-                holder = least_loaded(holders, self._rng)
-                mean = sum(c.load for c in candidates) / len(candidates)
-                rel, abs_ = config.balance_rel_threshold, config.balance_abs_threshold
-                if holder.load > mean * rel and holder.load > mean + abs_:
-                    spill = self._least_loaded(candidates)
-                    return spill, (
-                        f"cache match {match.ratio:.2f} on a worker at load {holder.load} (mean {mean:.1f}); "
-                        f"spilled to least load {spill.load} of {loads_of(candidates)}"
-                    )
-                return holder, f"cache match {match.ratio:.2f}"
-        worker = self._least_loaded(candidates)
-        return worker, f"cache miss {match.ratio:.2f}, least load {worker.load} of {loads_of(candidates)}"
+            if not holders:
+                # The reference sends this to the pool's first worker without recording it; by load,
+                # and recorded, the prefix gets a live home instead of piling onto one worker.
+                return self._by_load(candidates, f"cache match {match.ratio:.2f} on no candidate;")
+            holder = least_loaded(holders, self._rng)
+            mean = sum(c.load for c in candidates) / len(candidates)
+            rel, abs_ = config.balance_rel_threshold, config.balance_abs_threshold
+            if holder.load > mean * rel and holder.load > mean + abs_:
+                why = f"cache match {match.ratio:.2f} on a worker at load {holder.load} (mean {mean:.1f}); spilled to"
+                return self._by_load(candidates, why)
+            return holder, f"cache match {match.ratio:.2f}"
+        return self._by_load(candidates, f"cache miss {match.ratio:.2f},")
+
+    def _by_load(self, candidates: Sequence[C], why: str) -> tuple[C, str]:
+        """The least-loaded candidate; equal loads go to the one sent fewer requests, then pool order."""
+        index = min(range(len(candidates)), key=lambda i: (candidates[i].load, self._sent.get(candidates[i].id, 0), i))
+        worker = candidates[index]
+        return worker, f"{why} least load {worker.load} of {loads_of(candidates)}"
 
     def choose(self, candidates: Sequence[C], ctx: RouteContext) -> Choice[C]:
         self._maybe_evict()
