@@ -9,10 +9,10 @@ from smg.routing.policies import PolicyConfig, RouteContext, make_policy
 from smg.routing.policies.ring import HashRing
 from tests.routing._pool import Worker, pool, spread
 
-KEYS = [f"session-{i}".encode() for i in range(3000)]
+KEYS = [f"session-{i}" for i in range(3000)]
 
 
-def _owners(ring: HashRing, workers: list[Worker]) -> dict[bytes, str]:
+def _owners(ring: HashRing, workers: list[Worker]) -> dict[str, str]:
     return {key: ring.lookup(key, workers).id for key in KEYS}
 
 
@@ -58,7 +58,7 @@ def test_placement_does_not_depend_on_candidate_order_or_history() -> None:
     shuffled = workers[:]
     random.Random(1).shuffle(shuffled)
     churned = HashRing()
-    churned.lookup(b"x", pool(8))
+    churned.lookup("x", pool(8))
     churned.remove("w5")
     churned.remove("w6")
     churned.remove("w7")
@@ -98,7 +98,7 @@ def test_consistent_hashing_forget_takes_the_worker_off_the_ring() -> None:
     after = {k: policy.choose(rest, RouteContext("m", routing_key=k)).worker.id for k in keys}
     assert all(after[k] == before[k] for k in keys if before[k] != "w1")
     fresh = HashRing()
-    assert after == {k: fresh.lookup(k.encode(), rest).id for k in keys}
+    assert after == {k: fresh.lookup(k, rest).id for k in keys}
 
 
 PROMPT = "You are a careful reviewer. " * 60  # 1680 characters

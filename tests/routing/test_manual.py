@@ -112,5 +112,5 @@ def test_forget_unpins() -> None:
 
 
 def test_an_unknown_assignment_mode_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown assignment mode 'sticky'"):
-        make_policy("manual", PolicyConfig(assignment_mode="sticky"))
+    with pytest.raises(ValueError, match="--assignment-mode must be one of random, min_load, min_group, delegate"):
+        PolicyConfig(assignment_mode="sticky")

@@ -123,6 +123,25 @@ def test_default_config_is_the_references() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("knob", "message"),
+    [
+        ({"cache_threshold": 1.5}, "--cache-threshold must be between 0.0 and 1.0"),
+        ({"cache_threshold": float("nan")}, "--cache-threshold"),
+        ({"balance_rel_threshold": 0.9}, "--balance-rel-threshold must be at least 1.0"),
+        ({"max_tree_size": 0}, "--max-tree-size must be positive"),
+        ({"prefix_token_count": 0}, "--prefix-token-count must be positive"),
+        ({"prefix_hash_load_factor": 0.5}, "--prefix-hash-load-factor must be at least 1.0"),
+        ({"eviction_interval_secs": -1}, "--eviction-interval must not be negative"),
+    ],
+)
+def test_config_refuses_what_the_reference_refuses(knob: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PolicyConfig(**knob)  # type: ignore[arg-type]
+
+
+# Lone surrogates included: JSON text may carry them into the routing text.
+_text = st.text(st.characters(exclude_categories=()), max_size=40)
 _workers = st.lists(
     st.builds(Worker, id=st.text(min_size=1, max_size=6), url=st.just("http://w"), load=st.integers(0, 200)),
     min_size=1,
@@ -132,7 +151,7 @@ _workers = st.lists(
 _contexts = st.builds(
     RouteContext,
     model=st.sampled_from(["a", "b"]),
-    text=st.text(max_size=40),
+    text=_text,
     routing_key=st.none() | st.text(min_size=1, max_size=8),
     affinity_key=st.none() | st.text(min_size=1, max_size=8),
 )

@@ -98,3 +98,29 @@ def test_sizes_stay_the_sum_of_what_each_worker_holds(ops: list[tuple[str, str, 
             assert worker not in tree.sizes()
         assert tree.total == sum(tree.sizes().values())
         assert all(size >= 0 for size in tree.sizes().values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    inserts=st.lists(st.tuples(st.text("abc", max_size=10), st.sampled_from("xyz")), max_size=25),
+    query=st.text("abc", max_size=12),
+)
+def test_match_agrees_with_a_brute_force_scan(inserts: list[tuple[str, str]], query: str) -> None:
+    tree = PrefixTree()
+    for text, worker in inserts:
+        tree.insert(text, worker)
+
+    def shared(a: str, b: str) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    matched = max((shared(query, text) for text, _ in inserts), default=0)
+    # Every text extending the matched part runs through the node the walk stops in.
+    holders = {worker for text, worker in inserts if text.startswith(query[:matched])} if matched else set()
+    result = tree.match(query)
+    assert (result.matched, result.total, set(result.tenants)) == (matched, len(query), holders)
+    # A worker holds one character for each distinct non-empty prefix of its texts.
+    for worker, size in tree.sizes().items():
+        assert size == len({text[:i] for text, w in inserts if w == worker for i in range(1, len(text) + 1)})

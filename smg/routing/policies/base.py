@@ -37,6 +37,8 @@ class Candidate(Protocol):
 
 C = TypeVar("C", bound=Candidate)
 
+ASSIGNMENT_MODES = ("random", "min_load", "min_group", "delegate")
+
 
 @dataclass(frozen=True, slots=True)
 class RouteContext:
@@ -117,6 +119,27 @@ class PolicyConfig:
     max_idle_secs: float = 14400.0
     assignment_mode: str = "random"
     routing_key_headers: tuple[str, ...] = ("x-smg-routing-key",)
+
+    def __post_init__(self) -> None:
+        # The reference's startup checks; `not x >= y` also refuses NaN.
+        checks = (
+            (0.0 <= self.cache_threshold <= 1.0, "--cache-threshold must be between 0.0 and 1.0"),
+            (self.balance_rel_threshold >= 1.0, "--balance-rel-threshold must be at least 1.0"),
+            (self.balance_abs_threshold >= 0, "--balance-abs-threshold must not be negative"),
+            (self.eviction_interval_secs >= 0, "--eviction-interval must not be negative"),
+            (self.max_tree_size > 0, "--max-tree-size must be positive"),
+            (self.prefix_token_count > 0, "--prefix-token-count must be positive"),
+            (self.prefix_hash_load_factor >= 1.0, "--prefix-hash-load-factor must be at least 1.0"),
+            (self.prefix_hash_balance_abs_threshold >= 0, "--prefix-hash-balance-abs-threshold must not be negative"),
+            (self.max_idle_secs >= 0, "--max-idle-secs must not be negative"),
+            (
+                self.assignment_mode in ASSIGNMENT_MODES,
+                f"--assignment-mode must be one of {', '.join(ASSIGNMENT_MODES)}",
+            ),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
 
 def least_loaded(candidates: Sequence[C], rng: random.Random) -> C:

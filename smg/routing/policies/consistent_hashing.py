@@ -24,9 +24,9 @@ class ConsistentHashingPolicy:
 
     def choose(self, candidates: Sequence[C], ctx: RouteContext) -> Choice[C]:
         if ctx.routing_key is not None:
-            return Choice(self._ring.lookup(ctx.routing_key.encode(), candidates), "hash ring on routing key")
+            return Choice(self._ring.lookup(ctx.routing_key, candidates), "hash ring on routing key")
         if ctx.affinity_key is not None:
-            return Choice(self._ring.lookup(ctx.affinity_key.encode(), candidates), "hash ring on client identity")
+            return Choice(self._ring.lookup(ctx.affinity_key, candidates), "hash ring on client identity")
         index = self._rng.randrange(len(candidates))
         return Choice(candidates[index], f"no key: random {index + 1} of {len(candidates)}")
 

@@ -35,9 +35,9 @@ class PrefixHashPolicy:
 
     def choose(self, candidates: Sequence[C], ctx: RouteContext) -> Choice[C]:
         if ctx.routing_key is not None:
-            key, keyed_on = ctx.routing_key.encode(), "routing key"
+            key, keyed_on = ctx.routing_key, "routing key"
         elif ctx.text:
-            key, keyed_on = ctx.text[: self._config.prefix_token_count * CHARS_PER_TOKEN].encode(), "prefix"
+            key, keyed_on = ctx.text[: self._config.prefix_token_count * CHARS_PER_TOKEN], "prefix"
         else:
             # min() keeps the first of equal loads, as the reference's fallback does.
             worker = min(candidates, key=lambda c: c.load)

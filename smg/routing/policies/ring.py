@@ -21,9 +21,10 @@ VIRTUAL_NODES = 150
 C = TypeVar("C", bound=Candidate)
 
 
-def position(data: bytes) -> int:
-    """A ring position for `data`."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+def position(key: str) -> int:
+    """A ring position for `key` (lone surrogates, which JSON text may carry, hash as they are)."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 class HashRing:
@@ -44,7 +45,7 @@ class HashRing:
         if worker_id in self._members:
             return
         self._members.add(worker_id)
-        self._entries.extend((position(f"{worker_id}#{n}".encode()), worker_id) for n in range(VIRTUAL_NODES))
+        self._entries.extend((position(f"{worker_id}#{n}"), worker_id) for n in range(VIRTUAL_NODES))
         self._entries.sort()
         self._positions = [pos for pos, _ in self._entries]
 
@@ -55,7 +56,7 @@ class HashRing:
         self._entries = [entry for entry in self._entries if entry[1] != worker_id]
         self._positions = [pos for pos, _ in self._entries]
 
-    def lookup(self, key: bytes, candidates: Sequence[C]) -> C:
+    def lookup(self, key: str, candidates: Sequence[C]) -> C:
         """The first candidate clockwise from `key`'s position; candidates join the ring first."""
         by_id = {c.id: c for c in candidates}
         for worker_id in by_id:
