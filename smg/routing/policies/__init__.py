@@ -19,6 +19,7 @@ from smg.routing.policies.random_choice import RandomPolicy
 from smg.routing.policies.round_robin import RoundRobinPolicy
 
 __all__ = [
+    "NEEDS_TEXT",
     "POLICY_NAMES",
     "Candidate",
     "Choice",
@@ -45,6 +46,11 @@ POLICY_NAMES: tuple[str, ...] = (
     "passthrough",
     "manual",
 )
+
+# Policies that must see the routing text to decide, so a request body cannot be streamed past
+# them unread. prefix_hash uses the text when it has it and otherwise routes by load, as in the
+# reference, which counts only cache_aware (and its unbuilt `bucket`) here.
+NEEDS_TEXT: frozenset[str] = frozenset({"cache_aware"})
 
 
 def make_policy(

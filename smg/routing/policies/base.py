@@ -121,7 +121,7 @@ class PolicyConfig:
     routing_key_headers: tuple[str, ...] = ("x-smg-routing-key",)
 
     def __post_init__(self) -> None:
-        # The reference's startup checks; `not x >= y` also refuses NaN.
+        # The reference's startup checks. Each condition is false for NaN, so NaN is refused too.
         checks = (
             (0.0 <= self.cache_threshold <= 1.0, "--cache-threshold must be between 0.0 and 1.0"),
             (self.balance_rel_threshold >= 1.0, "--balance-rel-threshold must be at least 1.0"),

@@ -14,6 +14,9 @@ For a request:
    order.
 4. The chosen worker's tree records the text.
 
+There is no pool-wide balance switch: as in the reference, load pressure is judged per request,
+on the holder the cache would pick, and a miss always goes by load.
+
 Trees are trimmed to `max_tree_size` characters per model every `eviction_interval_secs`, on the
 first request after the interval (measured on the injected clock); least recently used entries go
 first.
