@@ -17,7 +17,6 @@ from smg.protocol.content import TextBlock
 from smg.protocol.request import CountTokensRequest, CreateMessageRequest
 
 ROUTING_KEY_MAX_BYTES = 128
-DEFAULT_ROUTING_KEY_HEADERS: tuple[str, ...] = ("x-smg-routing-key",)
 # Stable client identity `consistent_hashing` falls back to when no routing key is sent, in order.
 AFFINITY_HEADERS: tuple[str, ...] = ("authorization", "x-forwarded-for", "cookie")
 
