@@ -101,6 +101,8 @@ class Routed(Event):
     model: str
     policy: str | None = None
     attempt: int = 1
+    candidates: list[str] | None = None  # the workers the policy chose among
+    reason: str | None = None  # why the policy chose this one
 
 
 @_register

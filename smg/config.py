@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class RetryConfig:
-    """Upstream retries for relay backends (statuses 408, 429, 500, 502, 503, 504 and
-    transport failures, re-selecting a worker each time)."""
-
-    max_retries: int = 5
-    initial_backoff_ms: int = 50
-    max_backoff_ms: int = 30_000
-    backoff_multiplier: float = 1.5
-    jitter_factor: float = 0.2
+from smg.routing.config import RouterConfig
 
 
 @dataclass(frozen=True)
@@ -23,7 +13,7 @@ class GatewayConfig:
     host: str = "0.0.0.0"
     port: int = 30000
     worker_urls: tuple[str, ...] = ()
-    backend: str | None = None
+    backend: str | None = None  # --backend: an engine runtime for gRPC workers, or an API (anthropic)
     model_path: str | None = None
     tokenizer_path: str | None = None
     model_aliases: dict[str, str] = field(default_factory=dict)
@@ -35,8 +25,7 @@ class GatewayConfig:
     journal_bodies: str = "full"  # full | redacted | none (journal.bodies)
     journal_retention: tuple[float | None, int | None] | None = None  # (max age s, max bytes)
     max_payload_size: int = 536_870_912
-    retry: RetryConfig | None = field(default_factory=RetryConfig)
-    health_check_interval_secs: float = 30.0
+    router: RouterConfig = field(default_factory=RouterConfig)  # workers, policies, retries, breakers, health
     request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
     upstream_transport: str = "aiohttp"  # measured faster: see tools/bench and the README
     mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)

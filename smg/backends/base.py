@@ -1,19 +1,23 @@
-"""The one small interface every backend adapter implements.
+"""The one small interface every connector implements, and what it is handed.
 
-A backend receives a `Call` (the validated request plus what it needs of the client's
-headers) and yields journal events: `routed`, then `upstream` parts (relay backends) or
-`rendered`/`tokens`/`block` events (engine backends). It raises `ApiError` for a failure
-before its first response byte; after that, it yields an `Error` event and stops.
+A connector speaks one worker kind's wire (HTTP relay, gRPC engine, the Anthropic API) and
+knows nothing of routing: the router hands it a `Call` (the validated request plus what it
+needs of the client's headers), the pool's workers as `Target`s, and `Attempts` — the workers
+the router chose, one `Lease` per attempt. The connector yields journal events: each lease's
+`routed`, then `upstream` parts (relay) or `rendered`/`tokens`/`block` events (engines). It tells
+the lease how an attempt failed or what the worker answered; the router decides whether
+another attempt follows. It raises `ApiError` for a failure before its first response byte;
+after that, it yields an `Error` event and stops.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from journal.events import Event
-from smg.routing.workers import Worker
+from journal.events import Event, Routed
+from smg.protocol.errors import ApiError
 
 Endpoint = Literal["messages", "count_tokens"]
 
@@ -38,7 +42,72 @@ class ModelCard:
     context_window: int | None = None
 
 
-def model_cards(workers: Iterable[Worker]) -> list[ModelCard]:
+class Target(Protocol):
+    """A worker as a connector sees it (the router's `Worker` is one)."""
+
+    id: str
+    url: str
+    runtime: str | None
+    api_key: str | None
+    bootstrap_port: int | None
+    models: set[str]
+    context_windows: dict[str, int]
+    healthy: bool
+
+
+@dataclass
+class Discovery:
+    """What a worker said about itself: model id → context window (None when not advertised)."""
+
+    models: dict[str, int | None]
+    healthy: bool = True
+    runtime: str | None = None
+
+
+class WorkerUnreachable(Exception):
+    """Discovery or a health check got no answer; the message says why."""
+
+
+FailureKind = Literal["refused", "connect", "timeout", "transport", "unavailable"]
+
+
+@dataclass
+class Failure:
+    """An attempt that failed before any byte of an answer: how, and what the client would be told."""
+
+    kind: FailureKind
+    error: ApiError
+    retryable: bool = True  # False: this connector's wire never repeats a request (the Anthropic API)
+
+
+class Lease(Protocol):
+    """One attempt on one worker, chosen by the router."""
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def routed(self) -> Routed:
+        """The journal's record of the choice; the connector yields it before using the worker."""
+        ...
+
+    def failed(self, failure: Failure) -> None:
+        """The attempt failed before any answer; the next lease (if the router allows one) follows."""
+        ...
+
+    def answered(self, status: int) -> bool:
+        """The worker answered `status`. True when the router wants another attempt instead: the
+        connector then drops this answer and takes the next lease."""
+        ...
+
+
+Attempts = AsyncIterator[Lease]
+
+
+def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
     """One card per served model; a model's context window is the smallest its workers advertise."""
     cards: dict[str, ModelCard] = {}
     for worker in workers:
@@ -50,17 +119,34 @@ def model_cards(workers: Iterable[Worker]) -> list[ModelCard]:
     return sorted(cards.values(), key=lambda c: c.id)
 
 
-class Backend(Protocol):
-    name: str
+class Connector(Protocol):
+    name: str  # the journal's backend name: "http", "grpc", "anthropic"
 
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
-    def models(self) -> list[ModelCard]: ...
-
-    def ready(self) -> bool:
-        """Whether the backend can take a request now (for `/readiness`)."""
+    async def discover(self, target: Target) -> Discovery:
+        """Ask the worker what it serves. Raises `WorkerUnreachable`."""
         ...
 
-    def handle(self, call: Call) -> AsyncGenerator[Event, None]: ...
+    async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
+        """One health probe (`endpoint`: HTTP workers' health path). Raises `WorkerUnreachable`
+        when nothing answers."""
+        ...
+
+    async def forget(self, target: Target) -> None:
+        """The worker left the registry and has nothing in flight: release what it held."""
+        ...
+
+    async def load(self, target: Target) -> int | None:
+        """The requests the worker itself reports running or waiting; None when it cannot say."""
+        ...
+
+    def ready(self, targets: Sequence[Target]) -> bool:
+        """Whether these healthy workers can take requests now (for `/readiness`)."""
+        ...
+
+    def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
+        """Serve one request. `pool` is every worker of the pool that serves the model."""
+        ...

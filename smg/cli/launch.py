@@ -1,19 +1,21 @@
-"""From command-line values to a running gateway: checks the settings, builds the backend for
-the worker kind, the journal writer and the Sanic app, and serves."""
+"""From command-line values to a running gateway: checks the settings, builds the router with a
+connector per worker kind, the journal writer and the Sanic app, and serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 from smg.backends.http.client import TRANSPORTS
-from smg.config import GatewayConfig, RetryConfig
-from smg.routing.workers import WorkerRegistry, worker_kind
+from smg.config import GatewayConfig
+from smg.routing.config import RouterConfig
+from smg.routing.router import Router, WorkerSpec
+from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
 
 log = logging.getLogger("smg.launch")
 
-_ENGINE_RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -73,9 +75,8 @@ def build_config(
     log_level: str,
     journal_path: Path | None,
     max_payload_size: int,
-    retry_max_retries: int,
-    health_check_interval_secs: float,
     upstream_transport: str,
+    router: RouterConfig | None = None,
     mcp_config_path: Path | None = None,
     chat_template: Path | None = None,
     tokenizer_autoload: bool = True,
@@ -84,8 +85,9 @@ def build_config(
     journal_retention: str | None = None,
     journal_bodies: str = "full",
 ) -> GatewayConfig:
-    if not worker_urls:
-        raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000)")
+    router = router or RouterConfig()
+    if not worker_urls and not router.igw:
+        raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000), unless --enable-igw")
     kinds = set()
     for url in worker_urls:
         try:
@@ -94,15 +96,13 @@ def build_config(
             raise LaunchError(str(exc)) from None
     if "zmq" in kinds:
         raise LaunchError("ipc:// (ZMQ) workers are not supported by this gateway yet; use grpc:// or http(s)://")
-    if len(kinds) > 1:
-        raise LaunchError("mixing gRPC and HTTP workers needs IGW mode, which this gateway does not serve yet")
-    grpc = kinds == {"grpc"}
+    if len(kinds) > 1 and not router.igw:
+        raise LaunchError("mixing gRPC and HTTP workers needs IGW mode (--enable-igw)")
+    grpc = "grpc" in kinds or (router.igw and not kinds)
+    if "grpc" in kinds and backend is not None and backend not in ENGINE_RUNTIMES:
+        runtimes = ", ".join(ENGINE_RUNTIMES)
+        raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
     if grpc:
-        if backend is None:
-            backend = "sglang"
-        if backend not in _ENGINE_RUNTIMES:
-            runtimes = ", ".join(_ENGINE_RUNTIMES)
-            raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
         for path, flag in ((tokenizer_path, "--tokenizer-path"), (model_path, "--model-path")):
             if path and not Path(path).exists():
                 log.warning("%s %s is not a local directory; loading it needs the Hugging Face hub", flag, path)
@@ -113,8 +113,8 @@ def build_config(
 
         tool_call_parser = _known_parser("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
         reasoning_parser = _known_parser("--reasoning-parser", reasoning_parser, REASONING_PARSERS)
-    elif backend is not None:
-        if backend in _ENGINE_RUNTIMES or backend == "openai":
+    if not grpc and backend is not None:
+        if backend in ENGINE_RUNTIMES or backend == "openai":
             pass  # the relay serves any engine that implements the Messages API over HTTP
         elif backend == "anthropic":
             pass  # the worker URLs are Anthropic API origins (e.g. https://api.anthropic.com)
@@ -129,7 +129,7 @@ def build_config(
             load_mcp_config(mcp_config_path)
         except McpConfigError as exc:
             raise LaunchError(str(exc)) from None
-        if backend != "anthropic":
+        if backend != "anthropic" and not router.igw:
             log.warning("--mcp-config-path is used only by the MCP tool loop of --backend anthropic")
     if (tool_call_parser or reasoning_parser) and not grpc:
         log.warning("--tool-call-parser/--reasoning-parser are used only by gRPC workers")
@@ -160,8 +160,7 @@ def build_config(
         journal_bodies=journal_bodies,
         journal_retention=retention,
         max_payload_size=max_payload_size,
-        retry=RetryConfig(max_retries=retry_max_retries) if retry_max_retries > 0 else None,
-        health_check_interval_secs=health_check_interval_secs,
+        router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
         upstream_transport=upstream_transport,
         mcp_config_path=mcp_config_path,
         chat_template=chat_template,
@@ -171,32 +170,44 @@ def build_config(
     )
 
 
+def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
+    """The router with a connector for each kind of worker the gateway may serve (all of them in
+    IGW mode), and the static workers it starts with."""
+    from smg.backends.anthropic import AnthropicConnector
+    from smg.backends.base import Connector
+    from smg.backends.grpc.backend import GrpcConnector
+    from smg.backends.http.relay import HttpConnector
+
+    kinds = {worker_kind(u) for u in config.worker_urls}
+    anthropic = config.backend == "anthropic"
+    connectors: dict[str, Connector] = {}
+    if config.router.igw or anthropic:
+        connectors["anthropic"] = AnthropicConnector(config)
+    if config.router.igw or (kinds == {"grpc"} and not anthropic):
+        connectors["grpc"] = GrpcConnector(config)
+    if config.router.igw or ("http" in kinds and not anthropic):
+        connectors["http"] = HttpConnector(config)
+    specs = [
+        WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
+        if anthropic
+        else WorkerSpec(url=url)
+        for url in config.worker_urls
+    ]
+    return Router(config.router, connectors), specs
+
+
 def run(config: GatewayConfig) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
-    from smg.backends.base import Backend
     from smg.server.app import build_app
 
-    registry = WorkerRegistry()
-    backend: Backend
-    if config.worker_urls and worker_kind(config.worker_urls[0]) == "grpc":
-        from smg.backends.grpc.backend import GrpcBackend
-
-        backend = GrpcBackend(config, registry, list(config.worker_urls))
-    elif config.backend == "anthropic":
-        from smg.backends.anthropic import AnthropicBackend
-
-        backend = AnthropicBackend(config, registry, list(config.worker_urls))
-    else:
-        from smg.backends.http.relay import HttpRelayBackend
-
-        backend = HttpRelayBackend(config, registry, list(config.worker_urls))
+    router, static = build_router(config)
     journal = (
         JournalWriter(config.journal_path, bodies=config.journal_bodies, retention=config.journal_retention)
         if config.journal_path
         else NullJournal()
     )
-    app = build_app(config, backend, journal)
+    app = build_app(config, router, journal, static)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     app.run(
         host=config.host,

@@ -6,13 +6,19 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
+from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.routing.breaker import BreakerConfig
+from smg.routing.config import RouterConfig
+from smg.routing.policies import PolicyConfig
+from smg.routing.retry import RetryConfig
+from smg.routing.workers import HealthConfig
 
 app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
@@ -22,17 +28,29 @@ app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
-_MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias")
+_MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias", "--routing-key-headers")
+# The router's components: their flags are declared on their settings (`smg.flags.option`).
+_COMPONENTS = (RouterConfig, PolicyConfig, RetryConfig, BreakerConfig, HealthConfig)
+
+
+def router_config(params: dict[str, Any]) -> RouterConfig:
+    """The router's settings from the parsed `smg launch` flags."""
+    return build_component(
+        RouterConfig,
+        params,
+        policies=build_component(PolicyConfig, params),
+        retry=build_component(RetryConfig, params),
+        breaker=build_component(BreakerConfig, params),
+        health=build_component(HealthConfig, params),
+    )
 
 # Flags of the reference gateway this build knows of but does not serve yet: refused by name,
 # never ignored.
 NOT_YET = {
-    "--enable-igw": "IGW mode (several backends at once)",
     "--pd-disaggregation": "prefill/decode disaggregation",
     "--prefill": "prefill/decode disaggregation",
     "--decode": "prefill/decode disaggregation",
     "--epd-disaggregation": "encode/prefill/decode disaggregation",
-    "--policy": "routing policies other than round robin",
     "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
     "--max-concurrent-requests": "concurrency admission",
     "--tenant-rate-limit-enabled": "tenant rate limiting",
@@ -61,6 +79,7 @@ def main() -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@with_component_flags(*_COMPONENTS)
 def launch(
     ctx: typer.Context,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
@@ -99,9 +118,6 @@ def launch(
         str, typer.Option(help="What the journal keeps of content: full, redacted (fingerprints) or none.")
     ] = "full",
     max_payload_size: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 536_870_912,
-    retry_max_retries: Annotated[int, typer.Option(help="Upstream retries per request.")] = 5,
-    disable_retries: Annotated[bool, typer.Option("--disable-retries", help="Never retry upstream.")] = False,
-    health_check_interval_secs: Annotated[float, typer.Option(help="Seconds between worker health checks.")] = 30.0,
     upstream_transport: Annotated[
         str, typer.Option(help="Upstream HTTP client transport: aiohttp (faster, see make bench) or httpx.")
     ] = "aiohttp",
@@ -126,6 +142,7 @@ def launch(
             "POST /v1/tokenizers register one.",
         ),
     ] = False,
+    **flags: Any,
 ) -> None:
     """Start the gateway."""
     from smg.cli.launch import LaunchError, build_config, run
@@ -142,6 +159,10 @@ def launch(
     for noisy in ("httpx", "httpcore", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
+        try:
+            router = router_config(flags)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         config = build_config(
             host=host,
             port=port,
@@ -158,8 +179,7 @@ def launch(
             journal_retention=journal_retention,
             journal_bodies=journal_bodies,
             max_payload_size=max_payload_size,
-            retry_max_retries=0 if disable_retries else retry_max_retries,
-            health_check_interval_secs=health_check_interval_secs,
+            router=router,
             upstream_transport=upstream_transport,
             mcp_config_path=mcp_config_path,
             chat_template=chat_template,

@@ -1,23 +1,35 @@
-"""The worker registry: every worker the gateway knows, what it serves, and whether it is up.
+"""A worker as the router sees it: where it is, how it is reached, what it serves, its role,
+and its state (health, circuit breaker, requests in flight).
 
-Selection is round-robin over the healthy workers of a model. The registry does no I/O;
-backends discover models and health and report them here.
+Connectors report what a worker serves and whether it answered; the state transitions live
+here, sans I/O: a refused connection takes a worker out at once, health checks bring it back
+after `success_threshold` good answers and take it out after `failure_threshold` bad ones.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
+import time
+import uuid
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import urlsplit
 
-from smg.protocol.errors import ApiError
+from smg.flags import option
+from smg.routing.breaker import BreakerConfig, CircuitBreaker
 
 log = logging.getLogger("smg.workers")
 
+Connection = Literal["http", "grpc", "zmq"]
+Role = Literal["regular", "prefill", "decode", "encode"]
+ROLES: tuple[Role, ...] = ("regular", "prefill", "decode", "encode")
+ENGINE_RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+PROVIDERS = ("anthropic", "openai", "gemini", "xai")
 
-def worker_kind(url: str) -> str:
-    """The worker kind a URL's scheme names: `http`, `grpc` or `zmq`."""
+
+def worker_kind(url: str) -> Connection:
+    """The connection mode a URL's scheme names: `http`, `grpc` or `zmq`."""
     scheme = urlsplit(url).scheme.lower()
     if scheme in ("http", "https"):
         return "http"
@@ -28,96 +40,120 @@ def worker_kind(url: str) -> str:
     raise ValueError(f"unsupported worker URL scheme {scheme!r} in {url!r} (use http://, https://, grpc:// or ipc://)")
 
 
-@dataclass
+def worker_id() -> str:
+    """A new worker id: a UUIDv7 (time-ordered, as the reference gateway's)."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & ((1 << 48) - 1)) << 80 | secrets.randbits(80)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """How workers are probed (HTTP workers' `/health`, gRPC engines' `HealthCheck`)."""
+
+    enabled: bool = field(
+        default=True,
+        metadata=option("--disable-health-check", "No periodic health checks of healthy workers.", invert=True),
+    )
+    interval_secs: float = field(
+        default=60.0, metadata=option("--health-check-interval-secs", "Seconds between health checks.")
+    )
+    timeout_secs: float = field(default=5.0, metadata=option("--health-check-timeout-secs", "One check's limit."))
+    endpoint: str = field(default="/health", metadata=option("--health-check-endpoint", "HTTP workers' health path."))
+    failure_threshold: int = field(
+        default=3, metadata=option("--health-failure-threshold", "Failed checks in a row that take a worker out.")
+    )
+    success_threshold: int = field(
+        default=2, metadata=option("--health-success-threshold", "Passed checks in a row that bring it back.")
+    )
+
+
+@dataclass(eq=False)
 class Worker:
     url: str
-    kind: str
+    connection: Connection
+    runtime: str | None = None  # engine runtime, or the provider of an external worker; None until known
+    role: Role = "regular"
+    external: bool = False  # `runtime_type: external`: a provider's API (Anthropic, OpenAI, …)
+    api_key: str | None = None
+    bootstrap_port: int | None = None  # prefill workers of a PD deployment
+    wildcard: bool = False  # serves any model (`--backend anthropic`: the API decides)
+    prefixes: tuple[str, ...] = ()  # serves the models named so (an external provider's, list unknown)
+    id: str = ""
     models: set[str] = field(default_factory=set)
     context_windows: dict[str, int] = field(default_factory=dict)
     healthy: bool = False
     discovered: bool = False
-    wildcard: bool = False  # serves any model (external APIs)
     last_error: str | None = None
-    consecutive_failures: int = 0
+    in_flight: int = 0  # requests the gateway has on this worker now
+    engine_load: int | None = None  # what the engine itself reports (GetLoads), when it does
+    removed: bool = False
+    source: Literal["static", "api"] = "static"
+    breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig()))
+    _good_checks: int = 0
+    _bad_checks: int = 0
 
-    # A worker that drops this many requests in a row is taken out until a health check passes.
-    FAILURE_THRESHOLD = 3
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = worker_id()
 
-    def record_failure(self, error: str, *, refused: bool = False) -> None:
-        """A transport failure. A refused connection means nothing listens: out at once."""
-        self.last_error = error
-        self.consecutive_failures += 1
-        if refused or self.consecutive_failures >= self.FAILURE_THRESHOLD:
-            self.healthy = False
+    @property
+    def load(self) -> int:
+        """What the load-aware policies compare. The engine's own count (when it reports one)
+        includes this gateway's requests and any other client's, but it is polled: between two
+        polls the gateway's live count may be the larger."""
+        if self.engine_load is None:
+            return self.in_flight
+        return max(self.in_flight, self.engine_load)
 
-    def record_success(self) -> None:
-        self.consecutive_failures = 0
+    @property
+    def available(self) -> bool:
+        """Whether the router may send it a new request now."""
+        return self.healthy and not self.removed and self.breaker.allows()
 
-    def record_health(self, ok: bool, error: str | None = None) -> bool:
-        """A health check's outcome; a change of state is logged once. Returns `ok`."""
-        self.last_error = None if ok else error
+    def serves(self, model: str) -> bool:
+        return self.wildcard or model in self.models or (bool(self.prefixes) and model.startswith(self.prefixes))
+
+    def discovered_as(self, models: dict[str, int | None], healthy: bool, runtime: str | None = None) -> None:
+        """What the worker said it serves; a worker that answers discovery is taken at its word."""
+        self.models = set(models)
+        self.context_windows = {m: w for m, w in models.items() if w}
+        if runtime:
+            self.runtime = runtime
+        self.discovered = True
+        self._set_health(healthy, None if healthy else "health check answered unhealthy")
+
+    def unreachable(self, error: str) -> None:
+        """Discovery failed: the worker stays out until it answers."""
+        if error != self.last_error:
+            log.warning("worker %s: %s (retrying)", self.url, error)
+        self._set_health(False, error)
+
+    def health_checked(self, ok: bool, error: str | None, config: HealthConfig) -> None:
+        """A health check's outcome, counted against the thresholds."""
+        if ok:
+            self._good_checks += 1
+            self._bad_checks = 0
+            if not self.healthy and self._good_checks >= config.success_threshold:
+                self._set_health(True, None)
+        else:
+            self._bad_checks += 1
+            self._good_checks = 0
+            self.last_error = error
+            if self.healthy and self._bad_checks >= config.failure_threshold:
+                self._set_health(False, error)
+
+    def refused(self, error: str) -> None:
+        """Nothing listens at the worker's address: out at once, back when a health check passes."""
+        self._set_health(False, error)
+
+    def _set_health(self, ok: bool, error: str | None) -> None:
         if ok != self.healthy:
             log.warning("worker %s is now %s", self.url, "healthy" if ok else f"unhealthy ({error})")
         self.healthy = ok
+        self.last_error = error
+        self._good_checks = self._bad_checks = 0
         if ok:
-            self.consecutive_failures = 0
-        return ok
-
-    def serves(self, model: str) -> bool:
-        return self.wildcard or model in self.models
-
-
-class WorkerRegistry:
-    """All workers, with round-robin selection per model."""
-
-    def __init__(self) -> None:
-        self._workers: dict[str, Worker] = {}
-        self._cursors: dict[str, itertools.count[int]] = {}
-
-    def add(self, worker: Worker) -> Worker:
-        self._workers[worker.url] = worker
-        return worker
-
-    def remove(self, url: str) -> None:
-        self._workers.pop(url, None)
-
-    def get(self, url: str) -> Worker | None:
-        return self._workers.get(url)
-
-    def all(self) -> list[Worker]:
-        return list(self._workers.values())
-
-    def models(self) -> list[str]:
-        """Every model some worker serves, sorted."""
-        return sorted({m for w in self._workers.values() for m in w.models})
-
-    def candidates(self, model: str) -> list[Worker]:
-        return [w for w in self._workers.values() if w.serves(model)]
-
-    def select(self, model: str, exclude: frozenset[str] = frozenset()) -> Worker:
-        """The next healthy worker for `model`.
-
-        404 `model_not_found` when no worker serves the model (unless a worker whose models
-        are still unknown might: then 503, since the answer may change once it is reachable);
-        503 `no_available_workers` when the model's workers are all down.
-        """
-        workers = self.candidates(model)
-        if not workers:
-            if any(not w.discovered for w in self._workers.values()):
-                raise ApiError(
-                    503,
-                    f"No reachable worker for model '{model}': some workers have not answered yet",
-                    code="no_available_workers",
-                )
-            raise ApiError(404, f"No worker available for model '{model}'", code="model_not_found")
-        healthy = [w for w in workers if w.healthy]
-        # A retry prefers another worker, but falls back to the same one when it is the only one.
-        preferred = [w for w in healthy if w.url not in exclude] or healthy
-        if not preferred:
-            raise ApiError(
-                503,
-                "All workers are unavailable (circuit breaker open or unhealthy)",
-                code="no_available_workers",
-            )
-        cursor = self._cursors.setdefault(model, itertools.count())
-        return preferred[next(cursor) % len(preferred)]
+            self.breaker.readmit()

@@ -1,5 +1,5 @@
 """The Sanic application: routes, per-request context (id, headers, clock), CORS, and the
-lifecycle of the backend and the journal writer."""
+lifecycle of the router and the journal writer."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
-from smg.backends.base import Backend, Endpoint
+from smg.backends.base import Endpoint
 from smg.config import GatewayConfig
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
+from smg.routing.router import Router, WorkerSpec
 from smg.server import messages, tokenizers
 from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
@@ -50,7 +51,9 @@ def _is_preflight(request: Any) -> bool:
     return request.method == "OPTIONS" and "access-control-request-method" in request.ctx.headers
 
 
-def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str = "smg") -> Sanic[Any, Any]:
+def build_app(
+    config: GatewayConfig, router: Router, journal: Any, static: list[WorkerSpec], name: str = "smg"
+) -> Sanic[Any, Any]:
     # configure_logging=False: the CLI configures logging once; Sanic would print every line twice.
     app: Sanic[Any, Any] = Sanic(name, configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_payload_size
@@ -60,17 +63,17 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
     app.ctx.gateway = Gateway(
-        config=config, backend=backend, journal=journal, cors=CorsPolicy(config.cors_allowed_origins)
+        config=config, router=router, journal=journal, cors=CorsPolicy(config.cors_allowed_origins)
     )
 
     @app.before_server_start
     async def _start(app: Sanic[Any, Any]) -> None:
         await journal.start()
-        await backend.start()
+        await router.start(static)
 
     @app.after_server_stop
     async def _stop(app: Sanic[Any, Any]) -> None:
-        await backend.close()
+        await router.close()
         await journal.close()
 
     @app.on_request
@@ -120,21 +123,34 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
         try:
             check_bearer(request.app.ctx.gateway.config.api_key, request.ctx.headers)
         except ApiError as err:
-            if "anthropic-version" in request.ctx.headers:
-                return _to_http(error_response(request.ctx.request_id, messages.error_event(err)))
-            body = {"error": {"type": err.type, "message": err.message}}
-            return json_response(body, status=err.status, headers=err.response_headers())
+            return _api_error(request, err)
         return None
+
+    def _api_error(request: Any, err: ApiError) -> HTTPResponse:
+        if "anthropic-version" in request.ctx.headers:
+            return _to_http(error_response(request.ctx.request_id, messages.error_event(err)))
+        body = {"error": {"type": err.type, "message": err.message}}
+        return json_response(body, status=err.status, headers=err.response_headers())
 
     @app.get("/v1/models", name="models")
     async def _models(request: Any) -> HTTPResponse:
-        return _refused(request) or list_models(request.app.ctx.gateway, request.ctx.headers)
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        try:
+            return await list_models(request.app.ctx.gateway, request.ctx.headers, request.query_string)
+        except ApiError as err:
+            return _api_error(request, err)
 
     @app.get("/v1/models/<model_id:path>", name="model")
     async def _model(request: Any, model_id: str) -> HTTPResponse:
-        return _refused(request) or retrieve_model(
-            request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id
-        )
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        try:
+            return await retrieve_model(request.app.ctx.gateway, request.ctx.headers, model_id, request.ctx.request_id)
+        except ApiError as err:
+            return _api_error(request, err)
 
     @app.route("/v1/tokenizers", methods=["GET", "POST"], name="tokenizers")
     async def _tokenizers(request: Any) -> HTTPResponse:
@@ -162,7 +178,7 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
 
     @app.get("/readiness", name="readiness")
     async def _readiness(request: Any) -> HTTPResponse:
-        ready = request.app.ctx.gateway.backend.ready()
+        ready = request.app.ctx.gateway.router.ready()
         return json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
 
     @app.exception(SanicException)

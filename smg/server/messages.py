@@ -1,7 +1,7 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens`: one request, one event stream.
 
 The handler emits `received`, admits the request (auth, content type, JSON, validation →
-`validated` or `rejected`), hands the call to the backend and feeds every event the backend
+`validated` or `rejected`), hands the call to the router and feeds every event the router
 yields to the journal and to the projection that writes the response. Whatever happens, the
 sequence ends with `completed`.
 """
@@ -116,7 +116,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             projection.stream = call.stream
             stage = "backend"
             # aclosing: a client that goes away closes the upstream at once, not at GC time.
-            async with aclosing(gateway.backend.handle(call)) as events:
+            async with aclosing(gateway.router.handle(call)) as events:
                 async for event in events:
                     await flow.emit(event)
                     _observe(outcome, event)

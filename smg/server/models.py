@@ -1,23 +1,30 @@
 """`GET /v1/models` and `GET /v1/models/{id}`: the models the gateway serves, aliases included,
-in Anthropic's list shape when the request carries `anthropic-version`, OpenAI's otherwise."""
+in Anthropic's list shape when the request carries `anthropic-version`, OpenAI's otherwise.
+
+In front of the Anthropic API the list is the API's own answer to the caller's credentials
+(what Claude Code's gateway model discovery reads); beside self-hosted models (IGW) the API's
+models are listed after them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
+from smg.backends.anthropic import AnthropicConnector
 from smg.backends.base import ModelCard
-from smg.protocol.errors import envelope
+from smg.protocol.errors import ApiError, envelope
 from smg.server.state import Gateway
 
 _CREATED_AT = "1970-01-01T00:00:00Z"
 
 
 def _cards(gateway: Gateway) -> list[ModelCard]:
-    cards = {c.id: c for c in gateway.backend.models()}
+    cards = {c.id: c for c in gateway.router.models()}
     for alias, canonical in gateway.config.model_aliases.items():
         if canonical in cards and alias not in cards:
             target = cards[canonical]
@@ -36,25 +43,62 @@ def _openai(card: ModelCard) -> dict[str, object]:
     return entry
 
 
-def list_models(gateway: Gateway, headers: Mapping[str, str]) -> HTTPResponse:
-    cards = _cards(gateway)
-    if "anthropic-version" in headers:
-        data = [_anthropic(c) for c in cards]
+async def _upstream(
+    gateway: Gateway, headers: Mapping[str, str], query: str, model_id: str | None = None
+) -> tuple[int, bytes] | None:
+    """The Anthropic API's own answer, when an Anthropic worker is registered."""
+    worker = gateway.router.provider_worker("anthropic")
+    connector = gateway.router.connector("anthropic")
+    if worker is None or not isinstance(connector, AnthropicConnector):
+        return None
+    return await connector.list_models(worker, headers, query, model_id)
+
+
+def _local_list(cards: list[ModelCard], anthropic: bool, extra: list[Any] | None = None) -> HTTPResponse:
+    if anthropic:
+        data = [_anthropic(c) for c in cards] + (extra or [])
         return json_response(
             {
                 "data": data,
                 "has_more": False,
-                "first_id": cards[0].id if cards else None,
-                "last_id": cards[-1].id if cards else None,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
             }
         )
-    return json_response({"object": "list", "data": [_openai(c) for c in cards]})
+    return json_response({"object": "list", "data": [_openai(c) for c in cards] + (extra or [])})
 
 
-def retrieve_model(gateway: Gateway, headers: Mapping[str, str], model_id: str, request_id: str) -> HTTPResponse:
+async def list_models(gateway: Gateway, headers: Mapping[str, str], query: str = "") -> HTTPResponse:
+    cards = _cards(gateway)
+    anthropic = "anthropic-version" in headers
+    try:
+        upstream = await _upstream(gateway, headers, query)
+    except ApiError:
+        if not cards:
+            raise  # the API could not be reached: the caller is told so
+        upstream = None  # IGW: the self-hosted models are still worth listing
+    if upstream is None:
+        return _local_list(cards, anthropic)
+    status, body = upstream
+    if not cards:
+        return HTTPResponse(body, status=status, content_type="application/json")
+    try:
+        listed = orjson.loads(body).get("data") if status == 200 else None
+    except (orjson.JSONDecodeError, AttributeError):
+        listed = None
+    local = {c.id for c in cards}
+    extra = [m for m in listed if isinstance(m, dict) and m.get("id") not in local] if isinstance(listed, list) else []
+    return _local_list(cards, anthropic, extra)
+
+
+async def retrieve_model(gateway: Gateway, headers: Mapping[str, str], model_id: str, request_id: str) -> HTTPResponse:
     card = next((c for c in _cards(gateway) if c.id == model_id), None)
     anthropic = "anthropic-version" in headers
     if card is None:
+        upstream = await _upstream(gateway, headers, "", model_id)
+        if upstream is not None:
+            status, body = upstream
+            return HTTPResponse(body, status=status, content_type="application/json")
         message = f"model: {model_id}"
         if anthropic:
             body = orjson.dumps(envelope("not_found_error", message, request_id))

@@ -17,7 +17,7 @@ from smg.protocol import codec
 
 
 def _registry(request: Any) -> TokenizerRegistry | None:
-    return getattr(request.app.ctx.gateway.backend, "tokenizers", None)
+    return getattr(request.app.ctx.gateway.router.connector("grpc"), "tokenizers", None)
 
 
 def _no_registry() -> HTTPResponse:

@@ -31,7 +31,7 @@ def _gateway(urls: list[str], *extra: str) -> Spawned:
 
 def test_round_robin_across_healthy_workers(pair: tuple[Scripted, Scripted, Spawned, Spawned]) -> None:
     a, b, wa, wb = pair
-    gw = _gateway([wa.url, wb.url])
+    gw = _gateway([wa.url, wb.url], "--policy", "round_robin")
     try:
         seen = {httpx.post(gw.url + "/v1/messages", json=BODY).headers["x-smg-routed-worker-id"] for _ in range(4)}
     finally:
@@ -57,7 +57,7 @@ def test_retryable_status_is_retried_then_relayed_when_retries_run_out(
 ) -> None:
     a, _, wa, _ = pair
     a.script({"status": 503, "body": "warming up"}, {"status": 503, "body": "still warming up"})
-    gw = _gateway([wa.url], "--retry-max-retries", "1")
+    gw = _gateway([wa.url], "--retry-max-retries", "2")
     try:
         response = httpx.post(gw.url + "/v1/messages", json=BODY)
     finally:

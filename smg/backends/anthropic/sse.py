@@ -78,3 +78,34 @@ def decode_frame(frame: bytes) -> dict[str, Any] | None:
             return None
         payload["type"] = event
     return payload
+
+
+class ErrorFrameWatch:
+    """Watches relayed SSE text for an `error` event: `feed` returns the offset in the piece just
+    after that frame's blank line (where the stream must end), else None."""
+
+    __slots__ = ("_pending",)
+
+    _BOUNDARY_TEXT = re.compile(r"\r\n\r\n|\n\n|\r\r")
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, piece: str) -> int | None:
+        text = self._pending + piece
+        offset = len(self._pending)
+        start = 0
+        for match in self._BOUNDARY_TEXT.finditer(text):
+            if _is_error_frame(text[start : match.start()]):
+                return match.end() - offset
+            start = match.end()
+        self._pending = text[start:][-MAX_FRAME_BYTES:]
+        return None
+
+
+def _is_error_frame(frame: str) -> bool:
+    for line in frame.splitlines():
+        name, _, value = line.partition(":")
+        if name == "event":
+            return value.strip() == "error"
+    return False

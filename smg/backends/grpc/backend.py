@@ -1,11 +1,12 @@
-"""The gRPC worker backend: the gateway implements the Messages API itself.
+"""The gRPC connector: the gateway implements the Messages API itself.
 
-For each request: the model must be served (404 first), its tokenizer ready (the registry's
-three refusals), the conversation rendered and tokenized; count_tokens and `max_tokens: 0`
-are answered here without a worker. Otherwise a worker is chosen, the prompt checked
-against its context window, and the engine's token stream run through the sans-IO
-`Generation`, yielding `rendered`, `tokens` and `block` events. A client that goes away
-mid-generation has its engine request aborted.
+For each request (the router has checked that the model is served): its tokenizer ready (the
+registry's three refusals), the conversation rendered and tokenized; count_tokens and
+`max_tokens: 0` are answered here without a worker. Otherwise each attempt's worker (the
+router's choice) has the prompt checked against its context window, and the engine's token
+stream is run through the sans-IO `Generation`, yielding `rendered`, `tokens` and `block`
+events. A client that goes away mid-generation has its engine request aborted. An engine's
+runtime is `--backend`'s, else detected from which protocol it answers.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import asyncio
 import logging
 import secrets
 import string
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
-from smg.backends.base import Call, ModelCard, model_cards
-from smg.backends.grpc.discovery import EngineWorker, check_health, discover, register_tokenizer
+from smg.backends.base import Attempts, Call, Discovery, Failure, Target, WorkerUnreachable
+from smg.backends.grpc.discovery import EngineWorker, check_health, describe, register_tokenizer
 from smg.backends.grpc.engines import connect
+from smg.backends.grpc.engines.base import strip_scheme
+from smg.backends.grpc.engines.detect import detect_runtime
 from smg.backends.grpc.request import (
     check_servable,
     engine_failure,
@@ -38,7 +41,6 @@ from smg.pipeline.render import Prompt, render_prompt
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.errors import ApiError
-from smg.routing.workers import Worker, WorkerRegistry
 
 log = logging.getLogger("smg.grpc")
 
@@ -67,25 +69,15 @@ def settings_record(settings: GenerationSettings) -> dict[str, Any]:
     return record
 
 
-class GrpcBackend:
+class GrpcConnector:
     """Serves Messages and count_tokens from gRPC inference engines."""
 
     name = "grpc"
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        registry: WorkerRegistry,
-        urls: list[str],
-        tokenizers: TokenizerRegistry | None = None,
-    ) -> None:
+    def __init__(self, config: GatewayConfig, tokenizers: TokenizerRegistry | None = None) -> None:
         self._config = config
-        self._registry = registry
-        self._urls = urls
-        self.runtime = config.backend or "sglang"
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
-        self._watch: asyncio.Task[None] | None = None
         self._aborts: set[asyncio.Task[None]] = set()
         self._configured_tokenizer = config.tokenizer_path or config.model_path
         self._chat_template = str(config.chat_template) if config.chat_template else None
@@ -93,79 +85,85 @@ class GrpcBackend:
     # lifecycle
 
     async def start(self) -> None:
-        for url in self._urls:
-            target = url.split("://", 1)[1].rstrip("/")
-            worker = self._registry.add(Worker(url=url, kind="grpc"))
-            self._engines[url] = EngineWorker(worker=worker, client=connect(self.runtime, target))
-        await asyncio.gather(*(self._discover(e) for e in self._engines.values()))
-        self._watch = asyncio.create_task(self._watch_workers(), name="smg-grpc-health")
+        return None
 
     async def close(self) -> None:
-        if self._watch:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
         await asyncio.gather(*self._aborts, return_exceptions=True)
         await self.tokenizers.close()
         await asyncio.gather(*(e.client.close() for e in self._engines.values()), return_exceptions=True)
 
-    async def _discover(self, engine: EngineWorker) -> None:
-        if not await discover(engine):
-            return
+    async def _engine(self, target: Target) -> EngineWorker:
+        engine = self._engines.get(target.id)
+        if engine is None:
+            address = strip_scheme(target.url)
+            try:
+                runtime = target.runtime or await detect_runtime(address)
+            except EngineError as exc:
+                raise WorkerUnreachable(f"engine runtime not detected: {exc.message or exc.code}") from None
+            engine = self._engines[target.id] = EngineWorker(
+                url=target.url, client=connect(runtime, address), runtime=runtime
+            )
+        return engine
+
+    async def discover(self, target: Target) -> Discovery:
+        engine = await self._engine(target)
+        found = await describe(engine)
         assert engine.info is not None
         engine.sampling_defaults = sampling_defaults(engine.info.default_sampling)
+        await self._register_tokenizer(engine)
+        return found
+
+    async def _register_tokenizer(self, engine: EngineWorker) -> None:
         await register_tokenizer(
-            engine,
-            self.tokenizers,
-            configured_path=self._configured_tokenizer,
-            chat_template=self._chat_template,
+            engine, self.tokenizers, configured_path=self._configured_tokenizer, chat_template=self._chat_template
         )
 
-    async def _watch_workers(self) -> None:
-        interval = self._config.health_check_interval_secs
-        tick = min(2.0, interval)
-        elapsed = 0.0
-        while True:
-            await asyncio.sleep(tick)
-            elapsed += tick
-            full_round = elapsed >= interval
-            if full_round:
-                elapsed = 0.0
-            for engine in list(self._engines.values()):
-                # Undiscovered or down workers are probed every tick, the rest each interval.
-                if not engine.worker.discovered or (full_round and engine.info is not None):
-                    await self._discover(engine)
-                elif not engine.worker.healthy:
-                    await check_health(engine)
+    async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
+        engine = await self._engine(target)
+        ok = await check_health(engine, timeout)
+        if ok and engine.info is not None:
+            # A model whose tokenizer failed to load is given another chance at each check.
+            await self._register_tokenizer(engine)
+        return ok
 
-    def models(self) -> list[ModelCard]:
-        return model_cards(w for w in self._registry.all() if w.kind == "grpc")
+    async def forget(self, target: Target) -> None:
+        engine = self._engines.pop(target.id, None)
+        if engine is not None:
+            await engine.client.close()
 
-    def ready(self) -> bool:
-        """Some worker is up, and every healthy worker's model has its tokenizer (unless
-        autoload is off, when a missing tokenizer is an operator's choice)."""
-        healthy = [w for w in self._registry.all() if w.kind == "grpc" and w.healthy and w.models]
+    async def load(self, target: Target) -> int | None:
+        engine = self._engines.get(target.id)
+        if engine is None:
+            return None
+        try:
+            loads = await engine.client.loads()
+        except EngineError:
+            return None
+        return None if loads is None else loads.running_requests + loads.waiting_requests
+
+    def ready(self, targets: Sequence[Target]) -> bool:
+        """Every healthy worker's model has its tokenizer (unless autoload is off, when a
+        missing tokenizer is an operator's choice)."""
+        healthy = [t for t in targets if t.models]
         if not healthy:
             return False
         if not self.tokenizers.autoload and not self._configured_tokenizer:
             return True
-        return all(self.tokenizers.has(m) for w in healthy for m in w.models)
+        return all(self.tokenizers.has(m) for t in healthy for m in t.models)
+
+    def runtime_of(self, target: Target) -> str | None:
+        engine = self._engines.get(target.id)
+        return engine.runtime if engine is not None else target.runtime
 
     # requests
 
-    def _served_by(self, model: str) -> list[Worker]:
-        workers = self._registry.candidates(model)
-        if workers:
-            return workers
-        # Raises the registry's refusal: 404, or 503 while some worker is still unknown.
-        self._registry.select(model)
-        raise AssertionError("unreachable: select() found a worker candidates() did not")
-
-    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+    async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
-        workers = self._served_by(call.model)
         tokenizer = self.tokenizers.get(call.model)
-        check_servable(request, self.runtime, generating=generating)
+        runtimes = {r for r in map(self.runtime_of, pool) if r}
+        # The MLX refusals apply when any worker that could take the request is MLX.
+        check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating)
         if len(call.raw) > _RENDER_INLINE_BYTES:
             # A long conversation renders for tens of milliseconds: not on the event loop.
             prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
@@ -183,7 +181,7 @@ class GrpcBackend:
 
         message_id = new_message_id()
         if not generating:
-            windows = [w.context_windows[call.model] for w in workers if call.model in w.context_windows]
+            windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
             if windows and len(prompt.ids) > min(windows):
                 raise context_exceeded(min(windows), len(prompt.ids))
             yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
@@ -198,11 +196,11 @@ class GrpcBackend:
                 yield Block(payload)
             return
 
-        async for event in self._generate(call, tokenizer, prompt, message_id, source):
+        async for event in self._generate(call, tokenizer, prompt, message_id, source, attempts):
             yield event
 
     async def _generate(
-        self, call: Call, tokenizer: Tokenizer, prompt: Prompt, message_id: str, source: str | None
+        self, call: Call, tokenizer: Tokenizer, prompt: Prompt, message_id: str, source: str | None, attempts: Attempts
     ) -> AsyncGenerator[Event, None]:
         request = call.request
         stops = list(request.stop_sequences or [])
@@ -222,37 +220,33 @@ class GrpcBackend:
             tool_parser=self._config.tool_call_parser,
             reasoning_parser=self._config.reasoning_parser,
         )
-        if plan.constraint is not None and self.runtime == "mlx":
-            raise ApiError(
-                400,
-                "Invalid request parameters: MLX backend does not support structured output constraint: "
-                f"{plan.constraint[0]}",
-                code="invalid_request_parameters",
-            )
         apply_plan(settings, plan, prompt.tools)
-        retry = self._config.retry
-        max_attempts = 1 + (retry.max_retries if retry else 0)
-        tried: set[str] = set()
         generation: Generation | None = None
-        for attempt in range(1, max_attempts + 1):
-            worker = self._pick(call.model, tried)
-            tried.add(worker.url)
-            engine = self._engines[worker.url]
+        async for lease in attempts:
+            worker = lease.target
+            engine = await self._engine(worker)
+            if plan.constraint is not None and engine.runtime == "mlx":
+                raise ApiError(
+                    400,
+                    "Invalid request parameters: MLX backend does not support structured output constraint: "
+                    f"{plan.constraint[0]}",
+                    code="invalid_request_parameters",
+                )
             window = worker.context_windows.get(call.model)
             if window is not None and len(prompt.ids) > window:
                 raise context_exceeded(window, len(prompt.ids))
-            engine_request_id = message_id if attempt == 1 else f"{message_id}-{attempt}"
+            engine_request_id = message_id if lease.attempt == 1 else f"{message_id}-{lease.attempt}"
             engine_call = generate_call(
                 request,
                 prompt,
                 request_id=engine_request_id,
-                runtime=self.runtime,
+                runtime=engine.runtime,
                 stop_ids=stop_ids,
                 defaults=engine.sampling_defaults,
                 stream=call.stream,
                 constraint=plan.constraint,
             )
-            yield Routed(backend=self.name, worker=worker.url, model=call.model, policy="round_robin", attempt=attempt)
+            yield lease.routed
             if generation is None:
                 eos = engine.info.eos_token_ids if engine.info else []
                 settings.eos_token_ids = sorted(set(eos) | set(tokenizer.eos_token_ids))
@@ -271,12 +265,12 @@ class GrpcBackend:
                 async for event in self._run(engine, engine_call, attempt_state):
                     yield event
             except EngineError as exc:
-                if exc.unavailable:
-                    worker.record_failure(exc.message or exc.code, refused=True)
-                if exc.unavailable and not attempt_state.started and attempt < max_attempts:
-                    log.warning("worker %s unreachable (%s); retrying elsewhere", worker.url, exc.message)
-                    continue
                 err = engine_failure(exc, started=attempt_state.started)
+                if exc.unavailable and not attempt_state.started:
+                    log.warning("worker %s unreachable (%s)", worker.url, exc.message)
+                    lease.failed(Failure("unavailable", err))
+                    continue
+                lease.answered(err.status)
                 yield Error(
                     stage="engine",
                     status=err.status,
@@ -286,11 +280,8 @@ class GrpcBackend:
                     headers=err.response_headers(),
                 )
                 return
-            worker.record_success()
+            lease.answered(200)
             return
-
-    def _pick(self, model: str, tried: set[str]) -> Worker:
-        return self._registry.select(model, frozenset(tried))
 
     async def _run(self, engine: EngineWorker, engine_call: Any, attempt: Attempt) -> AsyncGenerator[Event, None]:
         """One engine call, its answers handed to `attempt`. `message_start` waits for the

@@ -9,64 +9,49 @@ engine's `GetTokenizer` bundle.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
 
+from smg.backends.base import Discovery, WorkerUnreachable
 from smg.backends.grpc.types import EngineClient, EngineError, EngineInfo
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
-from smg.routing.workers import Worker
 
 log = logging.getLogger("smg.grpc.discovery")
 
 
 @dataclass
 class EngineWorker:
-    """A gRPC worker: its registry entry, its protocol client and what it last told us."""
+    """A gRPC worker as its connector keeps it: its protocol client and what it last told us."""
 
-    worker: Worker
+    url: str
     client: EngineClient
+    runtime: str
     info: EngineInfo | None = None
     sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
-async def discover(engine: EngineWorker) -> bool:
-    """Ask the engine what it serves; True when it answered."""
-    worker = engine.worker
+async def describe(engine: EngineWorker, timeout: float = 5.0) -> Discovery:
+    """Ask the engine what it serves and whether it is up. Raises `WorkerUnreachable`."""
     try:
-        info = await engine.client.model_info()
-        healthy = await engine.client.health()
+        info = await asyncio.wait_for(engine.client.model_info(), timeout)
+        healthy = await asyncio.wait_for(engine.client.health(), timeout)
     except EngineError as exc:
-        error = f"model discovery failed: {exc.message or exc.code}"
-        if error != worker.last_error:
-            log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
-        worker.last_error = error
-        worker.healthy = False
-        return False
+        raise WorkerUnreachable(exc.message or exc.code) from None
+    except TimeoutError:
+        raise WorkerUnreachable(f"no answer within {timeout:g} s") from None
     engine.info = info
-    worker.models = {info.model_id}
-    worker.context_windows = {info.model_id: info.max_context_length} if info.max_context_length else {}
-    worker.discovered = True
-    worker.healthy = healthy
-    worker.last_error = None if healthy else "health check answered unhealthy"
-    if healthy:
-        worker.consecutive_failures = 0
-    log.info(
-        "worker %s (%s) serves %s, context window %s",
-        worker.url,
-        engine.client.runtime,
-        info.model_id,
-        info.max_context_length or "not advertised",
-    )
-    return True
+    return Discovery(models={info.model_id: info.max_context_length}, healthy=healthy, runtime=engine.runtime)
 
 
-async def check_health(engine: EngineWorker) -> bool:
+async def check_health(engine: EngineWorker, timeout: float) -> bool:
     try:
-        ok = await engine.client.health()
+        return await asyncio.wait_for(engine.client.health(), timeout)
     except EngineError as exc:
-        return engine.worker.record_health(False, f"health check failed: {exc.message or exc.code}")
-    return engine.worker.record_health(ok, "health check answered unhealthy")
+        raise WorkerUnreachable(exc.message or exc.code) from None
+    except TimeoutError:
+        raise WorkerUnreachable(f"no answer within {timeout:g} s") from None
 
 
 async def register_tokenizer(
@@ -103,6 +88,6 @@ async def register_tokenizer(
         )
         return
     try:
-        await registry.load_bundle(model, bundle, engine.worker.url, chat_template)
+        await registry.load_bundle(model, bundle, engine.url, chat_template)
     except Exception:  # recorded by the registry as the model's load failure
         return

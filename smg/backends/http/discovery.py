@@ -8,14 +8,11 @@ window is read from the first of `context_length`, `max_context_length`, `max_mo
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import httpx
 
-from smg.routing.workers import Worker
-
-log = logging.getLogger("smg.discovery")
+from smg.backends.base import Discovery, Target, WorkerUnreachable
 
 _WINDOW_KEYS = ("context_length", "max_context_length", "max_model_len", "max_total_tokens", "max_seq_len")
 
@@ -37,30 +34,30 @@ def parse_model_list(payload: Any) -> dict[str, int | None]:
     return out
 
 
-async def discover(worker: Worker, client: httpx.AsyncClient, timeout: float = 5.0) -> bool:
-    """Fill in the worker's models; True when it answered."""
+def _auth(target: Target) -> dict[str, str]:
+    return {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+
+
+async def discover(target: Target, client: httpx.AsyncClient, timeout: float = 5.0) -> Discovery:
+    """What the worker serves, and whether its health endpoint agrees. Raises `WorkerUnreachable`."""
     try:
-        resp = await client.get(f"{worker.url}/v1/models", timeout=timeout)
+        resp = await client.get(f"{target.url}/v1/models", headers=_auth(target), timeout=timeout)
         resp.raise_for_status()
         models = parse_model_list(resp.json())
     except (httpx.HTTPError, ValueError) as exc:
-        error = f"model discovery failed: {exc!r}"
-        if error != worker.last_error:  # said once per new failure, not at every probe
-            log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
-        worker.last_error = error
-        return False
-    worker.models = set(models)
-    worker.context_windows = {m: w for m, w in models.items() if w}
-    worker.discovered = True
-    worker.healthy = True
-    worker.last_error = None
-    log.info("worker %s serves %s", worker.url, ", ".join(sorted(models)) or "no models")
-    return True
-
-
-async def check_health(worker: Worker, client: httpx.AsyncClient, timeout: float = 5.0) -> bool:
+        raise WorkerUnreachable(repr(exc)) from None
     try:
-        resp = await client.get(f"{worker.url}/health", timeout=timeout)
+        healthy = await check_health(target, client, timeout)
+    except WorkerUnreachable:
+        healthy = False
+    return Discovery(models=models, healthy=healthy)
+
+
+async def check_health(
+    target: Target, client: httpx.AsyncClient, timeout: float = 5.0, endpoint: str = "/health"
+) -> bool:
+    try:
+        resp = await client.get(f"{target.url}{endpoint}", headers=_auth(target), timeout=timeout)
     except httpx.HTTPError as exc:
-        return worker.record_health(False, f"health check failed: {exc!r}")
-    return worker.record_health(resp.status_code < 400, f"health check answered {resp.status_code}")
+        raise WorkerUnreachable(repr(exc)) from None
+    return resp.status_code < 400

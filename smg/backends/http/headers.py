@@ -38,3 +38,10 @@ def forwarded_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
 def relayed_response_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """A worker's response headers minus hop-by-hop ones."""
     return {k.lower(): v for k, v in headers if k.lower() not in _HOP_BY_HOP}
+
+
+def with_worker_key(headers: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """The client's `Authorization` when it sent one, else the worker's own key when it has one."""
+    if api_key is None or "authorization" in headers:
+        return headers
+    return {**headers, "authorization": f"Bearer {api_key}"}

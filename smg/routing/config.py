@@ -1,0 +1,30 @@
+"""The router's settings: one typed value per component (policy, retries, circuit breaker,
+health checks), each declared once with its defaults, assembled by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from smg.flags import option
+from smg.routing.breaker import BreakerConfig
+from smg.routing.policies import POLICY_NAMES
+from smg.routing.policies.base import PolicyConfig
+from smg.routing.retry import RetryConfig
+from smg.routing.workers import HealthConfig
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: str = field(
+        default="cache_aware",
+        metadata=option("--policy", "How a worker is chosen within a pool.", choices=POLICY_NAMES),
+    )
+    policies: PolicyConfig = field(default_factory=PolicyConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    igw: bool = field(
+        default=False,
+        metadata=option("--enable-igw", "Serve several kinds of workers and models at once (gRPC, HTTP, external)."),
+    )
+    runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

@@ -1,0 +1,143 @@
+"""One request's attempts: the policy picks a worker of the pool for each, the worker's
+in-flight count and circuit breaker follow what happened, and the retry rules decide whether
+another attempt follows. Connectors consume `attempts()`; they never pick a worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Sequence
+
+from journal.events import Routed
+from smg.backends.base import Failure, Lease, Target
+from smg.protocol.errors import ApiError
+from smg.routing.breaker import outcome_of_status
+from smg.routing.policies import Policy, RouteContext
+from smg.routing.retry import RETRYABLE_FAILURES, RETRYABLE_STATUSES, RetryConfig
+from smg.routing.workers import Worker
+
+_CANDIDATES_JOURNALED = 16
+
+
+def no_available_workers() -> ApiError:
+    return ApiError(503, "All workers are unavailable (circuit breaker open or unhealthy)", code="no_available_workers")
+
+
+class _Lease:
+    __slots__ = ("worker", "attempt", "routed", "failure", "status", "retry", "_more", "settled")
+
+    def __init__(self, worker: Worker, attempt: int, routed: Routed, more: bool) -> None:
+        self.worker = worker
+        self.attempt = attempt
+        self.routed = routed
+        self.failure: Failure | None = None
+        self.status: int | None = None
+        self.retry = False
+        self._more = more
+        self.settled = False
+
+    @property
+    def target(self) -> Target:
+        return self.worker
+
+    def failed(self, failure: Failure) -> None:
+        self.failure = failure
+
+    def answered(self, status: int) -> bool:
+        self.status = status
+        self.retry = self._more and status in RETRYABLE_STATUSES
+        return self.retry
+
+
+class Dispatch:
+    """The attempts of one request on one pool."""
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        model: str,
+        workers: Sequence[Worker],
+        policy: Policy,
+        context: RouteContext,
+        retry: RetryConfig,
+        on_idle: Callable[[Worker], None],
+    ) -> None:
+        self._backend = backend
+        self._model = model
+        self._workers = workers
+        self._policy = policy
+        self._context = context
+        self._retry = retry
+        self._on_idle = on_idle
+        self._held: _Lease | None = None
+
+    async def attempts(self) -> AsyncGenerator[Lease, None]:
+        tried: set[str] = set()
+        last: Failure | None = None
+        max_attempts = self._retry.max_attempts
+        for number in range(1, max_attempts + 1):
+            if number > 1:
+                await asyncio.sleep(self._retry.backoff_seconds(number - 1))
+            lease = self._lease(number, tried, last, more=number < max_attempts)
+            tried.add(lease.worker.id)
+            try:
+                yield lease
+            finally:
+                self._settle(lease)
+            if lease.failure is not None:
+                last = lease.failure
+                if lease.failure.retryable and lease.failure.kind in RETRYABLE_FAILURES and number < max_attempts:
+                    continue
+                raise lease.failure.error
+            if not lease.retry:
+                return
+        if last is not None:
+            raise last.error
+
+    def release(self) -> None:
+        """The request is over: settle the attempt still held (a stream that ended, a client gone)."""
+        if self._held is not None:
+            self._settle(self._held)
+
+    def _lease(self, number: int, tried: set[str], last: Failure | None, *, more: bool) -> _Lease:
+        available = [w for w in self._workers if w.available]
+        # A retry prefers another worker, but falls back to the same one when it is the only one.
+        preferred = [w for w in available if w.id not in tried] or available
+        if not preferred:
+            # Every worker is down after a failure: report that failure, not the pool state.
+            raise last.error if last is not None else no_available_workers()
+        choice = self._policy.choose(preferred, self._context)
+        worker = choice.worker
+        routed = Routed(
+            backend=self._backend,
+            worker=worker.url,
+            model=self._model,
+            policy=self._policy.name,
+            attempt=number,
+            candidates=[w.url for w in preferred[:_CANDIDATES_JOURNALED]],
+            reason=choice.reason,
+        )
+        worker.in_flight += 1
+        lease = _Lease(worker, number, routed, more)
+        self._held = lease
+        return lease
+
+    def _settle(self, lease: _Lease) -> None:
+        if lease.settled:
+            return
+        lease.settled = True
+        if self._held is lease:
+            self._held = None
+        worker = lease.worker
+        worker.in_flight -= 1
+        failure = lease.failure
+        if failure is not None:
+            worker.breaker.record(False)
+            if failure.kind in ("refused", "unavailable"):
+                worker.refused(failure.error.message)
+        elif lease.status is not None:
+            outcome = outcome_of_status(lease.status)
+            if outcome is not None:
+                worker.breaker.record(outcome)
+        if worker.removed and worker.in_flight == 0:
+            self._on_idle(worker)

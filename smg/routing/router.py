@@ -1,0 +1,302 @@
+"""The router: which pool serves a request, and the attempts on its workers.
+
+Per request: the model's workers (404 `model_not_found` when none serves it), then the pool —
+an external provider's worker first (Anthropic → the Anthropic connector; any other provider
+→ 501), else one of the self-hosted pools (gRPC, HTTP), weighted by their available workers;
+count_tokens and `max_tokens: 0` prefer a pool whose gateway answers them itself (gRPC). The
+pool's policy picks the worker of each attempt (`Dispatch`). Without IGW only one kind of
+worker is configured, and the same code path runs with one pool.
+
+The router also owns the worker lifecycle: static workers at start, workers added and removed
+at run time (`add_worker`, `remove_worker`), and the one health loop for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncGenerator, Coroutine, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from journal.events import Event
+from smg.backends.base import Call, Connector, ModelCard, WorkerUnreachable, model_cards
+from smg.protocol.errors import ApiError
+from smg.routing.breaker import CircuitBreaker
+from smg.routing.config import RouterConfig
+from smg.routing.dispatch import Dispatch
+from smg.routing.health import HealthMonitor, discover
+from smg.routing.policies import (
+    NEEDS_TEXT,
+    Policy,
+    RouteContext,
+    affinity_key,
+    make_policy,
+    routing_key,
+    routing_text,
+)
+from smg.routing.registry import WorkerRegistry
+from smg.routing.workers import Connection, Role, Worker, worker_kind
+
+log = logging.getLogger("smg.router")
+
+# Models an external provider serves when its own model list is not known (by name, as the
+# reference detects providers).
+PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
+    "anthropic": ("claude-",),
+    "openai": ("gpt-", "o1", "o3", "o4", "chatgpt-"),
+    "gemini": ("gemini-",),
+    "xai": ("grok-",),
+}
+# Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
+_SELF_ANSWERING = ("grpc",)
+# Policies that route on the request's text; the others never pay for extracting it.
+_TEXT_POLICIES = NEEDS_TEXT | {"prefix_hash"}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker to register: from `--worker-urls` or `POST /workers`."""
+
+    url: str
+    external: bool = False
+    provider: str | None = None
+    api_key: str | None = None
+    runtime: str | None = None
+    role: Role = "regular"
+    bootstrap_port: int | None = None
+    models: tuple[str, ...] = ()  # known up front (external workers), else discovered
+    wildcard: bool = False  # serves every model (`--backend anthropic`)
+
+
+class WorkerRefused(ValueError):
+    """A worker that cannot be registered, said plainly (a 400 on the worker API)."""
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        connectors: Mapping[str, Connector],
+        registry: WorkerRegistry | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry or WorkerRegistry()
+        self._connectors = dict(connectors)
+        self._rng = rng or random.Random()
+        self._policies: dict[str, Policy] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._monitor = HealthMonitor(self.registry, self._connector_of, config.health)
+        self.registry.on_remove(self._forget_in_policies)
+
+    # lifecycle
+
+    async def start(self, static: list[WorkerSpec]) -> None:
+        for connector in self._connectors.values():
+            await connector.start()
+        workers = [self._register(spec, source="static") for spec in static]
+        await asyncio.gather(*(self._discover(w) for w in workers))
+        self._monitor.start()
+
+    async def close(self) -> None:
+        await self._monitor.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for connector in self._connectors.values():
+            await connector.close()
+
+    # workers
+
+    def connector_key(self, worker: Worker) -> str:
+        return (worker.runtime or "") if worker.external else worker.connection
+
+    def _connector_of(self, worker: Worker) -> Connector | None:
+        return self._connectors.get(self.connector_key(worker))
+
+    def _register(self, spec: WorkerSpec, source: str) -> Worker:
+        url = spec.url.rstrip("/")
+        try:
+            connection: Connection = "http" if spec.external else worker_kind(url)
+        except ValueError as exc:
+            raise WorkerRefused(str(exc)) from None
+        worker = Worker(
+            url=url,
+            connection=connection,
+            runtime=spec.provider if spec.external else (spec.runtime or self.config.runtime),
+            role=spec.role,
+            external=spec.external,
+            api_key=spec.api_key,
+            bootstrap_port=spec.bootstrap_port,
+            wildcard=spec.wildcard,
+            source="api" if source == "api" else "static",
+            breaker=CircuitBreaker(self.config.breaker),
+        )
+        if spec.external:
+            if worker.runtime not in PROVIDER_MODEL_PREFIXES:
+                known = ", ".join(PROVIDER_MODEL_PREFIXES)
+                raise WorkerRefused(f"unknown provider {spec.provider!r} for an external worker (known: {known})")
+            worker.models = set(spec.models)
+        key = self.connector_key(worker)
+        if key not in self._connectors and not worker.external:
+            kinds = ", ".join(sorted(self._connectors)) or "none"
+            raise WorkerRefused(
+                f"this gateway serves {kinds} workers; a {key} worker needs IGW mode (--enable-igw)"
+                if not self.config.igw
+                else f"no connector for {key} workers"
+            )
+        return self.registry.add(worker)
+
+    async def _discover(self, worker: Worker) -> None:
+        connector = self._connector_of(worker)
+        if worker.external and not worker.wildcard:
+            # A provider's API is up once registered. Its models: as given, else its own list
+            # (read with the worker's key), else the provider's model names.
+            if not worker.models and worker.api_key and connector is not None:
+                try:
+                    found = await connector.discover(worker)
+                    worker.models = set(found.models)
+                except WorkerUnreachable as exc:
+                    log.warning("worker %s: model list not read (%s); serving %s models by name", worker.url, exc,
+                                worker.runtime)
+            if not worker.models:
+                worker.prefixes = PROVIDER_MODEL_PREFIXES.get(worker.runtime or "", ())
+            worker.discovered_as({m: None for m in worker.models}, True)
+            return
+        if connector is not None:
+            await discover(worker, connector)
+
+    async def add_worker(self, spec: WorkerSpec) -> Worker:
+        """Register a worker at run time; it is discovered in the background and routed to
+        once it answers."""
+        worker = self._register(spec, source="api")
+        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        return worker
+
+    def remove_worker(self, worker_id: str) -> Worker | None:
+        """No new request goes to the worker; the ones in flight finish."""
+        worker = self.registry.remove(worker_id)
+        if worker is not None and worker.in_flight == 0:
+            self._release(worker)
+        return worker
+
+    def _release(self, worker: Worker) -> None:
+        connector = self._connector_of(worker)
+        if connector is not None:
+            self._spawn(connector.forget(worker), f"smg-forget-{worker.id}")
+
+    def _forget_in_policies(self, worker: Worker) -> None:
+        for policy in self._policies.values():
+            policy.forget(worker.id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # what the gateway serves
+
+    def models(self) -> list[ModelCard]:
+        return model_cards(w for w in self.registry.all() if w.discovered and not w.wildcard)
+
+    def ready(self) -> bool:
+        """Some worker can take a request, and every connector is ready for its workers (a
+        gRPC model's tokenizer is loaded)."""
+        groups: dict[str, list[Worker]] = {}
+        for worker in self.registry.all():
+            if worker.available:
+                groups.setdefault(self.connector_key(worker), []).append(worker)
+        if not groups:
+            return False
+        return all(
+            (connector := self._connectors.get(key)) is None or connector.ready(workers)
+            for key, workers in groups.items()
+        )
+
+    def connector(self, key: str) -> Connector | None:
+        return self._connectors.get(key)
+
+    def provider_worker(self, provider: str) -> Worker | None:
+        """An available worker of an external provider (for answers the provider's API gives
+        itself, such as its model list)."""
+        workers = [w for w in self.registry.all() if w.external and w.runtime == provider and w.available]
+        return min(workers, key=lambda w: w.load) if workers else None
+
+    # requests
+
+    def _policy(self, pool: str) -> Policy:
+        policy = self._policies.get(pool)
+        if policy is None:
+            policy = self._policies[pool] = make_policy(self.config.policy, self.config.policies, rng=self._rng)
+        return policy
+
+    def route(self, call: Call) -> tuple[str, list[Worker]]:
+        """The pool that serves the call and its workers of the model. Raises `ApiError`."""
+        serving = self.registry.serving(call.model)
+        if not serving:
+            if any(not w.discovered for w in self.registry.all()):
+                raise ApiError(
+                    503,
+                    f"No reachable worker for model '{call.model}': some workers have not answered yet",
+                    code="no_available_workers",
+                )
+            raise ApiError(404, f"No worker available for model '{call.model}'", code="model_not_found")
+        external = [w for w in serving if w.external]
+        if external:
+            provider = external[0].runtime or ""
+            if provider in self._connectors:
+                return provider, [w for w in external if w.runtime == provider]
+            raise ApiError(501, "Messages API not yet implemented for this router", code="not_implemented")
+        pools: dict[str, list[Worker]] = {}
+        for worker in serving:
+            if worker.role == "regular":
+                pools.setdefault(worker.connection, []).append(worker)
+        if not pools:
+            raise ApiError(404, f"No worker available for model '{call.model}'", code="model_not_found")
+        if len(pools) == 1:
+            return next(iter(pools.items()))
+        answers_itself = call.endpoint == "count_tokens" or getattr(call.request, "max_tokens", None) == 0
+        if answers_itself:
+            for key in _SELF_ANSWERING:
+                if key in pools:
+                    return key, pools[key]
+        weights = {key: sum(w.available for w in workers) for key, workers in pools.items()}
+        if not any(weights.values()):
+            key = min(pools)  # every pool is down: any of them gives the same 503
+            return key, pools[key]
+        keys = [k for k, n in weights.items() if n]
+        key = self._rng.choices(keys, weights=[weights[k] for k in keys])[0]
+        return key, pools[key]
+
+    def _context(self, call: Call) -> RouteContext:
+        policy = self.config.policy
+        return RouteContext(
+            model=call.model,
+            text=routing_text(call.request) if policy in _TEXT_POLICIES else "",
+            routing_key=routing_key(call.headers, self.config.policies.routing_key_headers),
+            affinity_key=affinity_key(call.headers) if policy == "consistent_hashing" else None,
+        )
+
+    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        key, workers = self.route(call)
+        connector = self._connectors[key]
+        dispatch = Dispatch(
+            backend=connector.name,
+            model=call.model,
+            workers=workers,
+            policy=self._policy(key),
+            context=self._context(call),
+            retry=self.config.retry,
+            on_idle=self._release,
+        )
+        attempts = dispatch.attempts()
+        try:
+            async with aclosing(connector.handle(call, workers, attempts)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            await attempts.aclose()
+            dispatch.release()
