@@ -14,6 +14,11 @@ port, a control service `tools.ScriptedEngine` whose unary methods take and retu
 - `Release` lets streams waiting at `hold_after` go on; `SetHealth` `{"healthy": bool}`;
 - `Reset` clears scripts, records and health and releases held streams.
 
+Where the protocol has `GetLoads` (SGLang, vLLM, TokenSpeed) it tells the truth about the
+streams in flight: each `Generate` not yet finished (held ones included) is a running request,
+and its prompt plus the tokens sent so far are used KV tokens, out of a fixed 65,536-token cache;
+nothing ever waits and the throughput is not measured (0).
+
 A Script is a JSON object (all keys optional):
 `text` (encoded with the model's tokenizer, no special tokens) or `token_ids`; `eos` (default
 true: the first EOS id follows the text, so the engine stops on it); `chunk_size` (tokens per
@@ -118,6 +123,8 @@ TOKENIZER_FILES = (
 )
 TOKENIZER_GLOBS = ("*.tiktoken", "*.jinja", "*.model")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+KV_CACHE_TOKENS = 65536  # what GetServerInfo and GetLoads report as the token capacity
+MAX_RUNNING_REQUESTS = 128
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -570,6 +577,43 @@ class Wire:
     def server_info(self, model: Model, active: int, uptime: float) -> Any:
         raise NotImplementedError
 
+    @property
+    def has_loads(self) -> bool:
+        return hasattr(self.pb, "GetLoadsResponse")
+
+    def loads(self, running: int, used_tokens: int) -> Any:
+        """A `GetLoadsResponse` for one rank (SGLang, vLLM and TokenSpeed name the fields alike)."""
+        usage = used_tokens / KV_CACHE_TOKENS
+        utilization = running / MAX_RUNNING_REQUESTS
+        load = self.pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=running,
+            num_waiting_reqs=0,
+            num_total_reqs=running,
+            num_used_tokens=used_tokens,
+            max_total_num_tokens=KV_CACHE_TOKENS,
+            token_usage=usage,
+            utilization=utilization,
+            max_running_requests=MAX_RUNNING_REQUESTS,
+        )
+        response = self.pb.GetLoadsResponse(
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            version="scripted",
+            dp_rank_count=1,
+            loads=[load],
+        )
+        if "aggregate" in self.pb.GetLoadsResponse.DESCRIPTOR.fields_by_name:
+            response.aggregate.CopyFrom(
+                self.pb.AggregateMetrics(
+                    total_running_reqs=running,
+                    total_waiting_reqs=0,
+                    total_reqs=running,
+                    avg_token_usage=usage,
+                    avg_utilization=utilization,
+                )
+            )
+        return response
+
 
 def _struct(values: dict[str, Any]) -> Struct:
     struct = Struct()
@@ -624,12 +668,12 @@ class SglangWire(Wire):
                     "dp_size": 1,
                 }
             ),
-            scheduler_info=_struct({"max_total_num_tokens": 65536}),
+            scheduler_info=_struct({"max_total_num_tokens": KV_CACHE_TOKENS}),
             active_requests=active,
             uptime_seconds=uptime,
             sglang_version="scripted",
             server_type="grpc",
-            max_total_num_tokens=65536,
+            max_total_num_tokens=KV_CACHE_TOKENS,
         )
 
 
@@ -789,7 +833,7 @@ class TokenSpeedWire(Wire):
             scheduler_info=_struct({}),
             active_requests=active,
             uptime_seconds=uptime,
-            max_total_num_tokens=65536,
+            max_total_num_tokens=KV_CACHE_TOKENS,
             tokenspeed_version="scripted",
         )
 
@@ -866,6 +910,7 @@ WIRES: dict[str, type[Wire]] = {
 @dataclass
 class _Stream:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    tokens: int = 0  # prompt and output tokens so far: its share of the KV cache
 
 
 @dataclass
@@ -944,7 +989,7 @@ class Engine:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
         script = self._take_script(asked)
         plan = make_plan(script, asked, self.model, self.semantics)
-        stream = _Stream()
+        stream = _Stream(tokens=len(asked.input_ids))
         self.streams[asked.request_id] = stream
         try:
             async for response in self._run(asked, script, plan, stream, context):
@@ -1009,6 +1054,7 @@ class Engine:
             final = index == len(groups) - 1
             visible = group[:-1] if final and plan.trim_last else list(group)
             sent += len(group)
+            stream.tokens += len(group)
             visible_sent.extend(visible)
             last_visible = visible
             if not asked.stream or (semantics.skips_empty_chunks and not visible and chunks_sent):
@@ -1105,6 +1151,9 @@ class Engine:
     async def server_info(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return self.wire.server_info(self.model, len(self.streams), time.time() - self.started)
 
+    async def loads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self.wire.loads(len(self.streams), sum(s.tokens for s in self.streams.values()))
+
     async def tokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if not self.model.bundle_enabled:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Tokenizer path is not configured on this server.")
@@ -1140,7 +1189,10 @@ def servicer(engine: Engine) -> Any:
     async def server_info(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await engine.server_info(request, context)
 
-    methods = {
+    async def loads(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.loads(request, context)
+
+    methods: dict[str, Callable[..., Any]] = {
         "Generate": generate,
         "GetTokenizer": tokenizer,
         "HealthCheck": health,
@@ -1148,6 +1200,8 @@ def servicer(engine: Engine) -> Any:
         "GetModelInfo": model_info,
         "GetServerInfo": server_info,
     }
+    if engine.wire.has_loads:
+        methods["GetLoads"] = loads
     cls = type(f"Scripted{engine.wire.servicer_base.__name__}", (engine.wire.servicer_base,), methods)
     return cls()
 

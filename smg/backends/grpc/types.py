@@ -77,6 +77,23 @@ class EngineInfo:
     default_sampling: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """What `GetLoads` says of an engine's work: counts and rates summed over its data-parallel
+    ranks, KV-cache use averaged over them (what the reference gateway's load policies score)."""
+
+    running_requests: int
+    waiting_requests: int
+    # Prompt tokens of waiting requests not served from the prefix cache; 0 when not reported.
+    waiting_uncached_tokens: int = 0
+    token_usage: float = 0.0  # KV-cache use in [0, 1]
+    gen_throughput: float = 0.0  # tokens per second, 0 when not known
+    used_tokens: int = 0
+    max_total_tokens: int = 0  # KV-cache capacity in tokens, 0 when not reported
+    max_running_requests: int = 0
+    dp_ranks: int = 1
+
+
 class EngineError(Exception):
     """The engine refused or failed a call. `code` is the gRPC status name (e.g. `INVALID_ARGUMENT`)."""
 
@@ -102,6 +119,11 @@ class EngineClient(Protocol):
     async def model_info(self) -> EngineInfo: ...
 
     async def server_info(self) -> dict[str, Any]: ...
+
+    async def loads(self) -> EngineLoad | None:
+        """The engine's current load, or None when its protocol (TRT-LLM, MLX) or its servicer
+        has no `GetLoads`."""
+        ...
 
     def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
         """Yields chunks then exactly one `EngineDone`; raises `EngineError`. Closing the

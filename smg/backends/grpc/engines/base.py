@@ -6,6 +6,8 @@ shape: a server stream of `chunk`s (new token ids) ending in one `complete`. Eac
 reads its messages into `RawChunk` / `RawComplete` and says whether its chunk counts are
 per-chunk deltas (vLLM) or running totals (SGLang, TRT-LLM, TokenSpeed, MLX); `_Tally` does the
 rest, so the counts and token ids the gateway sees mean the same whatever the engine.
+`GetLoads`, where a protocol has it (SGLang, vLLM, TokenSpeed), is read here too: the three
+spell its per-rank core metrics alike.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import grpc.aio
 from google.protobuf.json_format import MessageToDict
 from smg_grpc_proto.generated import common_pb2
 
-from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError, EngineEvent, EngineInfo, GenerateCall
+from smg.backends.grpc.types import (
+    EngineChunk,
+    EngineDone,
+    EngineError,
+    EngineEvent,
+    EngineInfo,
+    EngineLoad,
+    GenerateCall,
+)
 
 MiB = 1024 * 1024
 # Large messages: tokenizer bundles and long prompts' token ids. No client keepalive pings: a
@@ -35,6 +45,23 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 MAX_BUNDLE_BYTES = 200 * MiB  # as the Rust gateway's tokenizer_bundle.rs
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def engine_load(response: Any) -> EngineLoad:
+    """A `GetLoadsResponse` (SGLang, vLLM and TokenSpeed name its core fields alike), summed over
+    its ranks; the KV-cache use is their mean, as the reference gateway's policies take it."""
+    ranks = list(response.loads)
+    return EngineLoad(
+        running_requests=sum(r.num_running_reqs for r in ranks),
+        waiting_requests=sum(r.num_waiting_reqs for r in ranks),
+        waiting_uncached_tokens=sum(r.num_waiting_uncached_tokens for r in ranks),
+        token_usage=sum(r.token_usage for r in ranks) / len(ranks) if ranks else 0.0,
+        gen_throughput=sum(r.gen_throughput for r in ranks),
+        used_tokens=sum(r.num_used_tokens for r in ranks),
+        max_total_tokens=sum(r.max_total_num_tokens for r in ranks),
+        max_running_requests=sum(r.max_running_requests for r in ranks),
+        dp_ranks=len(ranks),
+    )
 
 
 def engine_error(exc: grpc.aio.AioRpcError) -> EngineError:
@@ -199,6 +226,8 @@ class GrpcEngineClient(ABC):
     pb: ClassVar[ModuleType]
     # Whether the engine's chunk `completion_tokens` counts that chunk only (vLLM).
     delta_counts: bool = False
+    # Whether the protocol has `GetLoads` (SGLang, vLLM, TokenSpeed; not TRT-LLM or MLX).
+    has_loads: bool = False
 
     def __init__(self, target: str, *, timeout: float = 10.0, bundle_timeout: float = 120.0) -> None:
         self.target = strip_scheme(target)
@@ -294,6 +323,22 @@ class GrpcEngineClient(ABC):
 
     async def abort(self, request_id: str) -> None:
         await self._unary("Abort", self._abort_request(request_id))
+
+    async def loads(self) -> EngineLoad | None:
+        if not self.has_loads:
+            return None
+        try:
+            response = await self._unary("GetLoads", self.pb.GetLoadsRequest(include=["core"]))
+        except EngineError as exc:
+            if exc.code == "UNIMPLEMENTED":  # a servicer older than the protocol's GetLoads
+                return None
+            raise
+        return engine_load(response)
+
+    def health_call(self, channel: grpc.aio.Channel, timeout: float) -> Any:
+        """This protocol's `HealthCheck` on `channel`, not the client's own: runtime detection
+        asks one channel in every protocol in turn."""
+        return self._make_stub(channel).HealthCheck(self._health_request(), timeout=timeout)
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
         rpc = self.stub().Generate(self.generate_request(call))

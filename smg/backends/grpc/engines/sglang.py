@@ -35,6 +35,7 @@ class SglangClient(GrpcEngineClient):
     runtime = "sglang"
     pb = pb
     delta_counts = False
+    has_loads = True
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.SglangSchedulerStub(channel)

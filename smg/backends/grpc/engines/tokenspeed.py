@@ -34,6 +34,7 @@ class TokenSpeedClient(GrpcEngineClient):
     runtime = "tokenspeed"
     pb = pb
     delta_counts = False
+    has_loads = True
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.TokenSpeedSchedulerStub(channel)

@@ -36,6 +36,7 @@ class VllmClient(GrpcEngineClient):
     runtime = "vllm"
     pb = pb
     delta_counts = True
+    has_loads = True
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.VllmEngineStub(channel)
