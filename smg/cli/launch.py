@@ -98,9 +98,8 @@ def build_config(
         raise LaunchError("mixing gRPC and HTTP workers needs IGW mode, which this gateway does not serve yet")
     grpc = kinds == {"grpc"}
     if grpc:
-        if backend is None:
-            backend = "sglang"
-        if backend not in _ENGINE_RUNTIMES:
+        # Without --backend each engine's runtime is detected by asking it.
+        if backend is not None and backend not in _ENGINE_RUNTIMES:
             runtimes = ", ".join(_ENGINE_RUNTIMES)
             raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
         for path, flag in ((tokenizer_path, "--tokenizer-path"), (model_path, "--model-path")):

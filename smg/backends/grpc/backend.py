@@ -21,7 +21,6 @@ from typing import Any
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
 from smg.backends.base import Call, ModelCard, model_cards
 from smg.backends.grpc.discovery import EngineWorker, check_health, discover, register_tokenizer
-from smg.backends.grpc.engines import connect
 from smg.backends.grpc.request import (
     check_servable,
     engine_failure,
@@ -82,7 +81,6 @@ class GrpcBackend:
         self._config = config
         self._registry = registry
         self._urls = urls
-        self.runtime = config.backend or "sglang"
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
         self._watch: asyncio.Task[None] | None = None
@@ -94,9 +92,9 @@ class GrpcBackend:
 
     async def start(self) -> None:
         for url in self._urls:
-            target = url.split("://", 1)[1].rstrip("/")
             worker = self._registry.add(Worker(url=url, kind="grpc"))
-            self._engines[url] = EngineWorker(worker=worker, client=connect(self.runtime, target))
+            # Without --backend each engine's runtime is detected when it is first discovered.
+            self._engines[url] = EngineWorker(worker=worker, runtime=self._config.backend)
         await asyncio.gather(*(self._discover(e) for e in self._engines.values()))
         self._watch = asyncio.create_task(self._watch_workers(), name="smg-grpc-health")
 
@@ -106,7 +104,8 @@ class GrpcBackend:
             await asyncio.gather(self._watch, return_exceptions=True)
         await asyncio.gather(*self._aborts, return_exceptions=True)
         await self.tokenizers.close()
-        await asyncio.gather(*(e.client.close() for e in self._engines.values()), return_exceptions=True)
+        clients = [e.client for e in self._engines.values() if e.client is not None]
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
     async def _discover(self, engine: EngineWorker) -> None:
         if not await discover(engine):
@@ -165,7 +164,8 @@ class GrpcBackend:
         generating = call.endpoint == "messages" and request.max_tokens > 0
         workers = self._served_by(call.model)
         tokenizer = self.tokenizers.get(call.model)
-        check_servable(request, self.runtime, generating=generating)
+        for runtime in self._runtimes(workers):
+            check_servable(request, runtime, generating=generating)
         if len(call.raw) > _RENDER_INLINE_BYTES:
             # A long conversation renders for tens of milliseconds: not on the event loop.
             prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
@@ -222,7 +222,7 @@ class GrpcBackend:
             tool_parser=self._config.tool_call_parser,
             reasoning_parser=self._config.reasoning_parser,
         )
-        if plan.constraint is not None and self.runtime == "mlx":
+        if plan.constraint is not None and "mlx" in self._runtimes(self._served_by(call.model)):
             raise ApiError(
                 400,
                 "Invalid request parameters: MLX backend does not support structured output constraint: "
@@ -246,7 +246,7 @@ class GrpcBackend:
                 request,
                 prompt,
                 request_id=engine_request_id,
-                runtime=self.runtime,
+                runtime=engine.runtime or "",
                 stop_ids=stop_ids,
                 defaults=engine.sampling_defaults,
                 stream=call.stream,
@@ -289,6 +289,10 @@ class GrpcBackend:
             worker.record_success()
             return
 
+    def _runtimes(self, workers: list[Worker]) -> set[str]:
+        """The runtimes of `workers` (a model's workers are discovered, so their runtime is known)."""
+        return {r for r in (self._engines[w.url].runtime for w in workers) if r is not None}
+
     def _pick(self, model: str, tried: set[str]) -> Worker:
         return self._registry.select(model, frozenset(tried))
 
@@ -297,6 +301,7 @@ class GrpcBackend:
         engine's first answer, so a refusal (a prompt the engine finds too long, bad
         parameters) is an ordinary error response."""
         client = engine.client
+        assert client is not None  # a worker is picked only once discovered
         stream = client.generate(engine_call)
         settled = False  # the engine finished the request or refused it: nothing to abort
         try:

@@ -1,10 +1,12 @@
 """What a gRPC engine serves and whether it is up, and getting its model a tokenizer.
 
-At start and on a schedule each engine is asked `GetModelInfo` (model id, context window,
-eos ids, sampling defaults) and `HealthCheck`. The first time a model is seen, its tokenizer
-is registered: from `--tokenizer-path`/`--model-path` when given, else (autoload) from the
-engine's own `tokenizer_path`/`model_path` when that directory exists here, else from the
-engine's `GetTokenizer` bundle.
+An engine whose runtime was not configured is first asked which protocol it speaks
+(`engines.detect`); its client is made once that is known. At start and on a schedule each
+engine is asked `GetModelInfo` (model id, context window, eos ids, sampling defaults) and
+`HealthCheck`. The first time a model is seen, its tokenizer is registered: from
+`--tokenizer-path`/`--model-path` when given, else (autoload) from the engine's own
+`tokenizer_path`/`model_path` when that directory exists here, else from the engine's
+`GetTokenizer` bundle.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from smg.backends.grpc.engines import connect
+from smg.backends.grpc.engines.detect import detect_runtime
 from smg.backends.grpc.types import EngineClient, EngineError, EngineInfo
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.routing.workers import Worker
@@ -22,26 +26,51 @@ log = logging.getLogger("smg.grpc.discovery")
 
 @dataclass
 class EngineWorker:
-    """A gRPC worker: its registry entry, its protocol client and what it last told us."""
+    """A gRPC worker: its registry entry, its runtime and protocol client (None until the
+    runtime is detected, when it was not configured) and what it last told us."""
 
     worker: Worker
-    client: EngineClient
+    client: EngineClient | None = None
+    runtime: str | None = None
     info: EngineInfo | None = None
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+
+
+def _note_failure(worker: Worker, error: str) -> None:
+    if error != worker.last_error:
+        log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
+    worker.last_error = error
+    worker.healthy = False
+
+
+async def detect(engine: EngineWorker) -> bool:
+    """Give the engine its client, detecting its runtime first if none was configured; True
+    when it has one."""
+    if engine.client is not None:
+        return True
+    target = engine.worker.url.split("://", 1)[1].rstrip("/")
+    if engine.runtime is None:
+        try:
+            engine.runtime = await detect_runtime(target)
+        except EngineError as exc:
+            _note_failure(engine.worker, f"runtime detection failed: {exc.message or exc.code}")
+            return False
+        log.info("worker %s speaks the %s engine protocol", engine.worker.url, engine.runtime)
+    engine.client = connect(engine.runtime, target)
+    return True
 
 
 async def discover(engine: EngineWorker) -> bool:
     """Ask the engine what it serves; True when it answered."""
     worker = engine.worker
+    if not await detect(engine):
+        return False
+    assert engine.client is not None
     try:
         info = await engine.client.model_info()
         healthy = await engine.client.health()
     except EngineError as exc:
-        error = f"model discovery failed: {exc.message or exc.code}"
-        if error != worker.last_error:
-            log.warning("worker %s: %s (retrying every 2 s)", worker.url, error)
-        worker.last_error = error
-        worker.healthy = False
+        _note_failure(worker, f"model discovery failed: {exc.message or exc.code}")
         return False
     engine.info = info
     worker.models = {info.model_id}
@@ -54,7 +83,7 @@ async def discover(engine: EngineWorker) -> bool:
     log.info(
         "worker %s (%s) serves %s, context window %s",
         worker.url,
-        engine.client.runtime,
+        engine.runtime,
         info.model_id,
         info.max_context_length or "not advertised",
     )
@@ -62,6 +91,8 @@ async def discover(engine: EngineWorker) -> bool:
 
 
 async def check_health(engine: EngineWorker) -> bool:
+    if engine.client is None:
+        return engine.worker.record_health(False, "runtime not detected yet")
     try:
         ok = await engine.client.health()
     except EngineError as exc:
@@ -93,6 +124,8 @@ async def register_tokenizer(
         if label and os.path.isdir(label):
             await registry.load(model, label, chat_template)
             return
+    if engine.client is None:
+        return
     try:
         bundle = await engine.client.tokenizer_bundle()
     except EngineError as exc:
