@@ -3,7 +3,8 @@
 Opt-in (``make test-vllm``): it needs a vLLM CPU venv and a tiny random Qwen3 model directory,
 named by ``SMG_VLLM_PYTHON`` and ``SMG_VLLM_MODEL``; without them every test is skipped. The
 engine is ``vllm.entrypoints.launchers.grpc_server`` (smg-grpc-servicer's Python servicer) with a
-2,048-token window; the gateway is started with ``--backend vllm`` and the same model directory.
+2,048-token window; the gateway is started without ``--backend``, so it must find out by itself
+that the engine speaks the vLLM protocol, and with the same model directory.
 
 The weights are random, so the text is gibberish: the tests check the protocol's shape, counts,
 finish reasons, stop matching, the context window and aborts, never what the text says.
@@ -28,6 +29,8 @@ import pytest
 from anthropic.types import MessageParam
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
+from smg.backends.grpc.engines import connect
+from smg.backends.grpc.engines.detect import detect_runtime
 from tools.spawn import REPO_ROOT, Spawned, free_port, spawn_gateway
 
 PYTHON_ENV = "SMG_VLLM_PYTHON"
@@ -131,7 +134,7 @@ def engine(model_dir: Path) -> Iterator[Spawned]:
 @pytest.fixture(scope="module")
 def gateway(engine: Spawned, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
     journal = tmp_path_factory.mktemp("vllm-journal") / "smg-journal.db"
-    extra = ["--backend", "vllm", "--model-path", str(model_dir), "--disable-retries"]
+    extra = ["--model-path", str(model_dir), "--disable-retries"]
     spawned = spawn_gateway([engine.url], journal=journal, extra=extra, timeout=60.0)
     try:
         yield spawned
@@ -151,6 +154,23 @@ def _text(content: list[Any]) -> str:
 def test_models_lists_the_engines_served_name(gateway: Spawned) -> None:
     models = httpx.get(f"{gateway.url}/v1/models", timeout=10.0).json()
     assert MODEL in [m["id"] for m in models["data"]]
+
+
+def test_the_gateway_detected_the_vllm_protocol(gateway: Spawned, engine: Spawned) -> None:
+    assert f"worker {engine.url} speaks the vllm engine protocol" in gateway.log()
+
+
+async def test_detection_and_loads_from_the_real_servicer(engine: Spawned) -> None:
+    assert await detect_runtime(engine.url) == "vllm"
+    client = connect("vllm", engine.url)
+    try:
+        load = await client.loads()
+    finally:
+        await client.close()
+    assert load is not None and load.dp_ranks == 1
+    assert load.running_requests == load.waiting_requests == 0  # no request has been sent yet
+    assert load.max_total_tokens > 0 and load.max_running_requests > 0
+    assert 0.0 <= load.token_usage < 1.0
 
 
 def test_non_streaming_answer(sdk: anthropic.Anthropic) -> None:
