@@ -96,10 +96,13 @@ class GrpcConnector:
         engine = self._engines.get(target.id)
         if engine is None:
             address = strip_scheme(target.url)
-            try:
-                runtime = target.runtime or await detect_runtime(address)
-            except EngineError as exc:
-                raise WorkerUnreachable(f"engine runtime not detected: {exc.message or exc.code}") from None
+            runtime = target.runtime
+            if runtime is None:
+                try:
+                    runtime = await detect_runtime(address)
+                except EngineError as exc:
+                    raise WorkerUnreachable(f"runtime detection failed: {exc.message or exc.code}") from None
+                log.info("worker %s speaks the %s engine protocol", target.url, runtime)
             engine = self._engines[target.id] = EngineWorker(
                 url=target.url, client=connect(runtime, address), runtime=runtime
             )
