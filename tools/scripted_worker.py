@@ -7,6 +7,8 @@ answered from a per-path FIFO of scripted answers or with a default echo), ``GET
 - ``POST /_script`` ``{"path": "/v1/messages", "answers": [Answer, ...]}`` queues answers;
 - ``GET /_script`` shows how many answers are still queued per path;
 - ``GET /_received`` / ``DELETE /_received`` read or clear the recorded requests;
+- ``GET /_models_received`` lists the headers of each ``GET /v1/models`` (kept apart, so that
+  discovery does not count as traffic);
 - ``POST /_health`` ``{"healthy": false}`` makes ``/health`` answer 503;
 - ``POST /_reset`` clears queues, records and health.
 
@@ -88,12 +90,14 @@ class Answer:
 class _State:
     queues: dict[str, deque[Answer]] = field(default_factory=dict)
     received: list[dict[str, Any]] = field(default_factory=list)
+    model_requests: list[dict[str, Any]] = field(default_factory=list)  # GET /v1/models, headers only
     healthy: bool = True
     released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reset(self) -> None:
         self.queues.clear()
         self.received.clear()
+        self.model_requests.clear()
         self.healthy = True
         self.released.set()
         self.released = asyncio.Event()
@@ -468,7 +472,12 @@ def create_app(config: WorkerConfig, name: str = "scripted_worker") -> Sanic:
 
     @app.get("/v1/models", name="models")
     async def models(request: Request) -> HTTPResponse:
+        state.model_requests.append({"headers": {k.lower(): v for k, v in request.headers.items()}})
         return _json(models_listing(config))
+
+    @app.get("/_models_received", name="models_received")
+    async def models_received(request: Request) -> HTTPResponse:
+        return _json({"requests": state.model_requests})
 
     @app.get("/health", name="health")
     async def health(request: Request) -> HTTPResponse:

@@ -203,18 +203,22 @@ class Router:
         return model_cards(w for w in self.registry.all() if w.discovered and not w.wildcard)
 
     def ready(self) -> bool:
-        """Some worker can take a request, and every connector is ready for its workers (a
-        gRPC model's tokenizer is loaded)."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """None when some worker can take a request and every connector is ready for its
+        workers (a gRPC model's tokenizer is loaded); else why not."""
         groups: dict[str, list[Worker]] = {}
         for worker in self.registry.all():
             if worker.available:
                 groups.setdefault(self.connector_key(worker), []).append(worker)
         if not groups:
-            return False
-        return all(
-            (connector := self._connectors.get(key)) is None or connector.ready(workers)
-            for key, workers in groups.items()
-        )
+            return "insufficient healthy workers"
+        for key, workers in groups.items():
+            connector = self._connectors.get(key)
+            if connector is not None and not connector.ready(workers):
+                return f"{key} workers not ready (a model's tokenizer is still loading or failed)"
+        return None
 
     def connector(self, key: str) -> Connector | None:
         return self._connectors.get(key)

@@ -17,7 +17,7 @@ from smg.config import GatewayConfig
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.routing.router import Router, WorkerSpec
-from smg.server import messages, tokenizers
+from smg.server import messages, tokenizers, workers
 from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
@@ -168,6 +168,22 @@ def build_app(
             return await tokenizers.remove(request, key)
         return await tokenizers.status(request, key.removesuffix("/status"))
 
+    @app.route("/workers", methods=["GET", "POST"], name="workers")
+    async def _workers(request: Any) -> HTTPResponse:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        return await (workers.add(request) if request.method == "POST" else workers.list_all(request))
+
+    @app.route("/workers/<worker_id>", methods=["GET", "DELETE"], name="worker")
+    async def _worker(request: Any, worker_id: str) -> HTTPResponse:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
+        if request.method == "DELETE":
+            return await workers.remove(request, worker_id)
+        return await workers.show(request, worker_id)
+
     @app.get("/health", name="health")
     async def _health(request: Any) -> HTTPResponse:
         return json_response({"status": "ok"})
@@ -178,8 +194,13 @@ def build_app(
 
     @app.get("/readiness", name="readiness")
     async def _readiness(request: Any) -> HTTPResponse:
-        ready = request.app.ctx.gateway.router.ready()
-        return json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
+        router = request.app.ctx.gateway.router
+        all_workers = router.registry.all()
+        healthy = sum(w.healthy for w in all_workers)
+        reason = router.not_ready_reason()
+        if reason is None:
+            return json_response({"status": "ready", "healthy_workers": healthy, "total_workers": len(all_workers)})
+        return json_response({"status": "not ready", "reason": reason}, status=503)
 
     @app.exception(SanicException)
     async def _sanic_error(request: Any, exc: SanicException) -> HTTPResponse:

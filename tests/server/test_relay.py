@@ -319,7 +319,7 @@ def test_frames_reach_the_client_while_the_worker_is_still_streaming(client: htt
 def test_health_and_readiness(client: httpx.Client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/liveness").status_code == 200
-    assert client.get("/readiness").json() == {"status": "ready"}
+    assert client.get("/readiness").json()["status"] == "ready"
 
 
 def test_readiness_is_503_while_no_worker_answers() -> None:
@@ -330,4 +330,4 @@ def test_readiness_is_503_while_no_worker_answers() -> None:
         response = httpx.get(gw.url + "/readiness")
     finally:
         gw.stop()
-    assert response.status_code == 503 and response.json() == {"status": "not_ready"}
+    assert response.status_code == 503 and response.json()["status"] == "not ready"
