@@ -17,7 +17,7 @@ $(VENV):
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,llamacpp]'
 	touch $(STAMP)
 
 demo: $(STAMP)

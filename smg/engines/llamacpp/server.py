@@ -1,0 +1,453 @@
+"""The SGLang scheduler service (`sglang.grpc.scheduler.SglangScheduler`) over llama.cpp.
+
+llama.cpp runs in-process (`xllamacpp`): its server loop schedules requests over `--parallel`
+slots sharing one KV cache, and `handle_completions` blocks its caller while it calls back once
+per token. Each `Generate` therefore runs that call on a worker thread; the callback (on that
+thread) reads the token ids, decides whether a stop token or stop string ended the output, and
+hands the ids to the RPC's event loop. Returning True from the callback ends the generation in
+llama.cpp, which is how `Abort`, a client that went away and the engine's own stops take effect.
+
+The answers follow SGLang's servicer: chunks carry the new token ids with running totals; a
+streamed `complete` repeats the last chunk's ids, a non-streamed one carries them all; EOS and
+stop tokens stay in the ids and are named in `matched_token_id` (a stop string in
+`matched_stop_str`); an aborted generation ends with finish reason "abort".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.struct_pb2 import Struct
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from smg.engines.llamacpp.gguf import ModelFacts, read_metadata
+from smg.engines.llamacpp.sampling import Plan, Refusal, plan
+
+READY_LINE = "llamacpp engine ready"
+BUNDLE_CHUNK_BYTES = 64 * 1024
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+# llama.cpp's HTTP error codes as gRPC statuses.
+_STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How `smg engine llamacpp` runs a model."""
+
+    gguf: Path
+    host: str = "127.0.0.1"
+    port: int = 30001
+    served_model_name: str | None = None
+    ctx_size: int | None = None  # default: the model's context length, at most 8192
+    parallel: int = 4
+    threads: int | None = None  # default: half the cores, at least one
+    tokenizer_dir: Path | None = None
+
+
+def default_threads() -> int:
+    # llama.cpp's decode threads spin; on a machine the gateway shares, all cores collapse throughput.
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+_END = object()
+
+
+@dataclass
+class Run:
+    """One generation: fed by llama.cpp's callback on a worker thread, read by the RPC's loop."""
+
+    plan: Plan
+    eos_token_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    matched_token_id: int | None = None
+    matched_stop_str: str | None = None
+    cached_tokens: int = 0
+    error: tuple[grpc.StatusCode, str] | None = None
+    aborted: threading.Event = field(default_factory=threading.Event)
+    gone: threading.Event = field(default_factory=threading.Event)
+
+    def _send(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def on_chunk(self, chunk: Any) -> bool:
+        """llama.cpp's callback: True ends the generation."""
+        if self.aborted.is_set() or self.gone.is_set():
+            return True
+        if not isinstance(chunk, dict):
+            return False
+        if "error" in chunk:
+            self.error = _error(chunk["error"])
+            return True
+        choice = (chunk.get("choices") or [{}])[0]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        ended = choice.get("finish_reason")
+        if self.finish_reason is not None:
+            # Ended here already: only llama.cpp's closing chunk (with the usage) is still welcome.
+            return not ended
+        new: list[int] = []
+        cut = False
+        for entry in (choice.get("logprobs") or {}).get("content") or []:
+            token = int(entry["id"])
+            new.append(token)
+            self.ids.append(token)
+            if token in self.plan.stop_token_ids:
+                self.finish_reason, self.matched_token_id, cut = "stop", token, True
+                break
+            if token in self.eos_token_ids and not self.plan.ignore_eos:
+                # llama.cpp ends on its end-of-generation tokens itself and then sends the usage.
+                self.finish_reason, self.matched_token_id = "stop", token
+                break
+        if self.plan.stop and self.finish_reason is None:
+            self.text += str(choice.get("text") or "")
+            tail = self.text[-(max(len(s) for s in self.plan.stop) + 64) :]
+            hit = next((s for s in self.plan.stop if s in tail), None)
+            if hit is not None:
+                self.finish_reason, self.matched_stop_str, cut = "stop", hit, True
+        if new:
+            self._send(new)
+        if self.finish_reason is None and ended:
+            self.finish_reason = "length" if ended == "length" else "stop"
+        return cut and not ended
+
+    def execute(self, generate: Callable[[dict[str, Any], Callable[[Any], bool]], Any]) -> None:
+        """On a worker thread: run the generation to its end, then tell the loop."""
+        try:
+            generate(self.plan.body, self.on_chunk)
+        except Exception as exc:  # the loop must hear of the end whatever happened
+            self.error = (grpc.StatusCode.INTERNAL, f"llama.cpp failed: {exc}")
+        finally:
+            self._send(_END)
+
+
+class LlamaCppEngine:
+    """A GGUF model loaded into llama.cpp, and the generations in flight."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import xllamacpp
+
+        self.config = config
+        self.gguf = config.gguf.resolve()
+        self.facts = ModelFacts.of(read_metadata(self.gguf))
+        self.ctx_size = config.ctx_size or min(self.facts.context_length or 4096, 8192)
+        self.served_name = config.served_model_name or self.gguf.stem
+        self.threads = config.threads or default_threads()
+        params = xllamacpp.CommonParams()
+        params.model.path = str(self.gguf)
+        params.n_ctx = self.ctx_size
+        params.n_parallel = config.parallel
+        # One cache for every slot: any request may use the whole context.
+        params.kv_unified = True
+        params.warmup = False
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
+        self._server = xllamacpp.Server(params)
+        self.llamacpp_url = str(self._server.listening_address)
+        self.version = str(getattr(xllamacpp, "__version__", ""))
+        self.started = time.time()
+        self.runs: dict[str, Run] = {}  # by request id, while its RPC is open
+        # Generations still running in llama.cpp (a cancelled RPC's goes on to its next token),
+        # and every token generated since start: what GetServerInfo reports.
+        self._counts_lock = threading.Lock()
+        self.generating = 0
+        self.generated_tokens = 0
+        self._executor = ThreadPoolExecutor(max_workers=max(16, 4 * config.parallel), thread_name_prefix="llamacpp")
+        self._bundle: tuple[bytes, str] | None = None
+        self._bundle_lock = asyncio.Lock()
+
+    # -- generation --------------------------------------------------------------------------
+
+    async def generate(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            asked = plan(request, vocab_size=self.facts.vocab_size, context_length=self.ctx_size)
+        except Refusal as refusal:
+            await context.abort(refusal.code, refusal.message)
+        rid = request.request_id
+        prompt = len(request.tokenized.input_ids)
+        if asked.max_new_tokens == 0:
+            yield self._complete(rid, [], "length", prompt, 0, 0)
+            return
+        run = Run(asked, frozenset(self.facts.eos_token_ids), asyncio.get_running_loop())
+        self.runs[rid] = run
+        with self._counts_lock:
+            self.generating += 1
+        self._executor.submit(run.execute, self._server.handle_completions).add_done_callback(
+            lambda _: self._finished(run)
+        )
+        last: list[int] = []
+        try:
+            while True:
+                item = await run.queue.get()
+                if item is _END:
+                    break
+                last = item
+                if request.stream:
+                    yield pb.GenerateResponse(
+                        request_id=rid,
+                        chunk=pb.GenerateStreamChunk(
+                            token_ids=item,
+                            prompt_tokens=prompt,
+                            completion_tokens=len(run.ids),
+                            cached_tokens=run.cached_tokens,
+                        ),
+                    )
+            if run.error is not None and not run.aborted.is_set():
+                await context.abort(run.error[0], run.error[1])
+            finish = "abort" if run.aborted.is_set() else run.finish_reason or "stop"
+            ids = last if request.stream else list(run.ids)
+            if finish == "abort" and request.stream:
+                ids = []
+            yield self._complete(
+                rid, ids, finish, prompt, len(run.ids), run.cached_tokens, run.matched_token_id, run.matched_stop_str
+            )
+        finally:
+            # A client that went away (or any early exit) ends the generation at its next token.
+            run.gone.set()
+            if self.runs.get(rid) is run:
+                del self.runs[rid]
+
+    def _finished(self, run: Run) -> None:
+        with self._counts_lock:
+            self.generating -= 1
+            self.generated_tokens += len(run.ids)
+
+    @staticmethod
+    def _complete(
+        rid: str,
+        ids: list[int],
+        finish: str,
+        prompt: int,
+        completion: int,
+        cached: int,
+        matched_token_id: int | None = None,
+        matched_stop_str: str | None = None,
+    ) -> Any:
+        complete = pb.GenerateComplete(
+            output_ids=ids,
+            finish_reason=finish,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+        )
+        if finish != "abort":
+            if matched_token_id is not None:
+                complete.matched_token_id = matched_token_id
+            elif matched_stop_str is not None:
+                complete.matched_stop_str = matched_stop_str
+        return pb.GenerateResponse(request_id=rid, complete=complete)
+
+    def abort(self, request_id: str) -> bool:
+        run = self.runs.get(request_id)
+        if run is None:
+            return False
+        run.aborted.set()
+        return True
+
+    # -- what the engine says about itself ------------------------------------------------------
+
+    def model_info(self) -> Any:
+        facts = self.facts
+        defaults = facts.sampling_defaults
+        return pb.GetModelInfoResponse(
+            model_path=str(self.gguf),
+            tokenizer_path=str(self.config.tokenizer_dir.resolve()) if self.config.tokenizer_dir else "",
+            is_generation=True,
+            served_model_name=self.served_name,
+            max_context_length=self.ctx_size,
+            vocab_size=facts.vocab_size,
+            model_type=facts.architecture,
+            architectures=facts.architectures,
+            eos_token_ids=facts.eos_token_ids,
+            pad_token_id=facts.pad_token_id or 0,
+            bos_token_id=facts.bos_token_id or 0,
+            max_req_input_len=self.ctx_size - 1,
+            default_sampling_params_json=_json(defaults) if defaults else "",
+        )
+
+    def server_info(self) -> Any:
+        args = Struct()
+        args.update(
+            {
+                "model_path": str(self.gguf),
+                "served_model_name": self.served_name,
+                "tokenizer_path": str(self.config.tokenizer_dir or ""),
+                "context_length": self.ctx_size,
+                "parallel": self.config.parallel,
+                "threads": self.threads,
+                "llamacpp_url": self.llamacpp_url,
+                "tp_size": 1,
+                "dp_size": 1,
+            }
+        )
+        with self._counts_lock:
+            generating, generated = self.generating, self.generated_tokens
+        scheduler = Struct()
+        scheduler.update(
+            {"generating": generating, "generated_tokens": generated, "max_total_num_tokens": self.ctx_size}
+        )
+        return pb.GetServerInfoResponse(
+            server_args=args,
+            scheduler_info=scheduler,
+            active_requests=generating,
+            uptime_seconds=time.time() - self.started,
+            sglang_version=f"llama.cpp (xllamacpp {self.version})",
+            server_type="grpc",
+            max_total_num_tokens=self.ctx_size,
+        )
+
+    def loads(self) -> Any:
+        running = min(len(self.runs), self.config.parallel)
+        waiting = len(self.runs) - running
+        load = pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=running,
+            num_waiting_reqs=waiting,
+            num_total_reqs=len(self.runs),
+            max_total_num_tokens=self.ctx_size,
+            max_running_requests=self.config.parallel,
+            utilization=running / self.config.parallel,
+        )
+        return pb.GetLoadsResponse(
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            version=self.version,
+            dp_rank_count=1,
+            loads=[load],
+            aggregate=pb.AggregateMetrics(
+                total_running_reqs=running, total_waiting_reqs=waiting, total_reqs=len(self.runs)
+            ),
+        )
+
+    async def bundle(self) -> tuple[bytes, str]:
+        """The tokenizer directory as a zip (flat, as SGLang's servicer sends it) and its sha256:
+        `--tokenizer-dir`, else exported from the GGUF once."""
+        async with self._bundle_lock:
+            if self._bundle is None:
+                self._bundle = await asyncio.get_running_loop().run_in_executor(self._executor, self._build_bundle)
+            return self._bundle
+
+    def _build_bundle(self) -> tuple[bytes, str]:
+        with tempfile.TemporaryDirectory(prefix="smg-tokenizer-") as scratch:
+            directory = self.config.tokenizer_dir
+            if directory is None:
+                from smg.engines.llamacpp.tokenizer import export_tokenizer
+
+                directory = export_tokenizer(self.gguf, Path(scratch))
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                for file in sorted(Path(directory).iterdir()):
+                    if file.is_file():
+                        archive.write(file, file.name)
+        data = buffer.getvalue()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def close(self) -> None:
+        for run in list(self.runs.values()):
+            run.gone.set()
+        self._executor.shutdown(wait=True)
+        del self._server
+
+
+def _error(detail: Any) -> tuple[grpc.StatusCode, str]:
+    """llama.cpp's `{"code": 400, "message": …}` as a gRPC status and message."""
+    if not isinstance(detail, dict):
+        return grpc.StatusCode.INTERNAL, str(detail)
+    code = detail.get("code")
+    status = _STATUS.get(code, grpc.StatusCode.INTERNAL) if isinstance(code, int) else grpc.StatusCode.INTERNAL
+    return status, str(detail.get("message") or detail)
+
+
+def _json(value: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
+
+
+class _Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
+    """The service's methods, bound to one engine (the rest answer UNIMPLEMENTED)."""
+
+    def __init__(self, engine: LlamaCppEngine) -> None:
+        self.engine = engine
+
+    async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+        async for response in self.engine.generate(request, context):
+            yield response
+
+    async def HealthCheck(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return pb.HealthCheckResponse(healthy=True, message="OK")
+
+    async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        known = self.engine.abort(request.request_id)
+        return pb.AbortResponse(success=known, message="aborted" if known else "not found")
+
+    async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return self.engine.model_info()
+
+    async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return self.engine.server_info()
+
+    async def GetLoads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return self.engine.loads()
+
+    async def GetTokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+        try:
+            data, digest = await self.engine.bundle()
+        except Exception as exc:  # an export failure is the caller's answer, not a crash
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot build the tokenizer bundle: {exc}")
+        for offset in range(0, len(data), BUNDLE_CHUNK_BYTES):
+            end = min(offset + BUNDLE_CHUNK_BYTES, len(data))
+            yield common_pb2.GetTokenizerChunk(data=data[offset:end], sha256=digest if end == len(data) else "")
+
+
+async def serve(config: EngineConfig, *, ready: Callable[[str], None] = print) -> None:
+    """Load the model, serve until SIGINT/SIGTERM, then stop generations and unload."""
+    import signal
+
+    engine = LlamaCppEngine(config)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_SglangSchedulerServicer_to_server(_Servicer(engine), server)
+    address = f"{config.host}:{config.port}"
+    try:
+        try:
+            server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise SystemExit(f"cannot bind {address}: address already in use ({exc})") from None
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        ready(f"{READY_LINE}: model={engine.served_name} grpc://{address} (llama.cpp {engine.llamacpp_url})")
+        await stopping.wait()
+        await server.stop(grace=1.0)
+    finally:
+        engine.close()
