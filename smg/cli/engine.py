@@ -5,6 +5,7 @@ over the SGLang scheduler protocol (for `smg launch --worker-urls grpc://… --b
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -26,6 +27,13 @@ def llamacpp(
     ] = None,
     parallel: Annotated[int, typer.Option(help="Generations run at once (llama.cpp slots).", min=1)] = 4,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: half the cores).", min=1)] = None,
+    default_sampling_params: Annotated[
+        str | None,
+        typer.Option(
+            help='JSON sampling defaults for requests that name none, e.g. \'{"temperature": 0.2, "top_p": 0.9}\' '
+            "(temperature, top_p, top_k, min_p, repetition_penalty)."
+        ),
+    ] = None,
     tokenizer_dir: Annotated[
         Path | None,
         typer.Option(
@@ -42,6 +50,7 @@ def llamacpp(
         raise typer.BadParameter(
             f"the llama.cpp engine needs the llamacpp extra: pip install 'smg-py[llamacpp]' ({exc})"
         ) from None
+    defaults = _sampling_defaults(default_sampling_params)
     config = EngineConfig(
         gguf=gguf,
         host=host,
@@ -51,8 +60,33 @@ def llamacpp(
         parallel=parallel,
         threads=threads,
         tokenizer_dir=tokenizer_dir,
+        default_sampling=defaults,
     )
     asyncio.run(serve(config, ready=lambda line: print(line, flush=True)))
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _sampling_defaults(text: str | None) -> dict[str, float]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--default-sampling-params is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("--default-sampling-params must be a JSON object")
+    out: dict[str, float] = {}
+    for key, number in value.items():
+        if key not in _SAMPLING_KEYS:
+            raise typer.BadParameter(
+                f"--default-sampling-params: unknown key {key!r} (known: {', '.join(_SAMPLING_KEYS)})"
+            )
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise typer.BadParameter(f"--default-sampling-params: {key} must be a number")
+        out[key] = float(number)
+    return out
 
 
 @engine_app.command("export-tokenizer")

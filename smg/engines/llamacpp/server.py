@@ -67,6 +67,9 @@ class EngineConfig:
     parallel: int = 4
     threads: int | None = None  # default: half the cores, at least one
     tokenizer_dir: Path | None = None
+    # Sampling values a request that names none gets (the gateway reads them from GetModelInfo);
+    # over the GGUF's own `general.sampling.*`.
+    default_sampling: dict[str, float] = field(default_factory=dict)
 
 
 def default_threads() -> int:
@@ -277,7 +280,7 @@ class LlamaCppEngine:
 
     def model_info(self) -> Any:
         facts = self.facts
-        defaults = facts.sampling_defaults
+        defaults = {**facts.sampling_defaults, **self.config.default_sampling}
         return pb.GetModelInfoResponse(
             model_path=str(self.gguf),
             tokenizer_path=str(self.config.tokenizer_dir.resolve()) if self.config.tokenizer_dir else "",
