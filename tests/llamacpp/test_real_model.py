@@ -136,6 +136,7 @@ def test_a_tool_result_turn_renders_and_answers(http: httpx.Client) -> None:
 
 def test_concurrent_requests_all_answer(real_gateway: Spawned, engine: Engine) -> None:
     prompts = ["Name a fruit.", "Name a country.", "Name an animal.", "Name a planet."]
+    engine.wait_idle()
     before = engine.generated_tokens()
 
     def one(prompt: str) -> dict[str, Any]:
@@ -148,6 +149,7 @@ def test_concurrent_requests_all_answer(real_gateway: Spawned, engine: Engine) -
     for answer in answers:
         assert answer["type"] == "message" and answer["stop_reason"] in ("end_turn", "max_tokens"), answer
         assert answer["content"][0]["text"].strip()
+    engine.wait_idle()  # a generation's tokens are counted once its worker thread is done
     assert engine.generated_tokens() - before == sum(a["usage"]["output_tokens"] for a in answers)
 
 
