@@ -2,6 +2,6 @@
 
 `gguf` reads a file's metadata, `tokenizer` exports the tokenizer directory the gateway loads with
 `--model-path`, `sampling` maps an SGLang request onto llama.cpp's completion body, `generation`
-follows one generation's chunks, and `server` serves the `SglangScheduler` service. `xllamacpp` is the optional extra `smg-py[llamacpp]`; only
-`server` needs it.
+follows one generation's chunks, and `server` serves the `SglangScheduler` service. `xllamacpp`
+is the optional extra `smg-py[llamacpp]`; only `server` needs it.
 """
