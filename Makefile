@@ -9,19 +9,29 @@ VLLM_PYTHON ?= python3.11
 VLLM_VENV   := .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.installed
 TINY_MODEL  := .cache/tiny-qwen3
+REAL_HF_MODEL := .cache/smollm2-hf
 
-.PHONY: demo test bench bench-grpc test-vllm clean
+.PHONY: demo demo-scripted model test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,llamacpp]'
 	touch $(STAMP)
+
+# The real model (SmolLM2-135M-Instruct, 98 MB) and its tokenizer, fetched and built once into .cache/;
+# `make demo` and the real-model tests in `make test` both go through tools/real_model.py.
+model: $(STAMP)
+	$(BIN)/python -m tools.real_model
 
 demo: $(STAMP)
 	$(BIN)/python -m tools.demo
+
+# The scripted SGLang engine instead: one fixed sentence for every prompt, no model to fetch.
+demo-scripted: $(STAMP)
+	$(BIN)/python -m tools.demo --scripted
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -50,10 +60,19 @@ $(VLLM_STAMP):
 $(TINY_MODEL)/config.json: tools/build_tiny_model.py tests/fixtures/qwen3/tokenizer.json $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python tools/build_tiny_model.py --out $(TINY_MODEL)
 
-# Not part of `make test`: installs ~2.5 GB once, then starts a real vLLM engine (~20 s).
-test-vllm: $(STAMP) $(VLLM_STAMP) $(TINY_MODEL)/config.json
+# The demo's real model for vLLM: vLLM 0.32 has no CPU GGUF loader, so transformers (with torch, in the vLLM venv;
+# gguf and accelerate are what its GGUF loading needs) dequantizes it into a bf16 safetensors directory.
+$(REAL_HF_MODEL)/config.json: tools/convert_gguf.py tools/real_model.py $(STAMP) $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pip install --quiet gguf==0.19.0 accelerate==1.15.0
+	$(BIN)/python -m tools.real_model
+	$(VLLM_VENV)/bin/python tools/convert_gguf.py --gguf $$($(BIN)/python -c 'from tools.real_model import gguf_path; print(gguf_path())') \
+	  --tokenizer $$($(BIN)/python -c 'from tools.real_model import tokenizer_dir; print(tokenizer_dir())') --out $(REAL_HF_MODEL)
+
+# Not part of `make test`: installs ~2.5 GB once, then starts real vLLM engines (~20 s each): the tiny random Qwen3
+# and the demo's SmolLM2-135M-Instruct.
+test-vllm: $(STAMP) $(VLLM_STAMP) $(TINY_MODEL)/config.json $(REAL_HF_MODEL)/config.json
 	SMG_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python SMG_VLLM_MODEL=$(abspath $(TINY_MODEL)) \
-	  $(BIN)/python -m pytest -q tests/interop
+	  SMG_VLLM_REAL_MODEL=$(abspath $(REAL_HF_MODEL)) $(BIN)/python -m pytest -q tests/interop
 
 clean:
 	rm -rf $(VENV) .pytest_cache smg-journal.db*

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
@@ -24,6 +25,7 @@ app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
 )
 app.add_typer(journal_app, name="journal")
+app.add_typer(engine_app, name="engine")
 app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
