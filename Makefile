@@ -33,7 +33,10 @@ demo: $(STAMP)
 demo-scripted: $(STAMP)
 	$(BIN)/python -m tools.demo --scripted
 
+# Lint and types first (seconds), then the suite.
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy --strict smg replay journal
 	$(BIN)/python -m pytest -q
 
 # Every bench, one after the other (never in parallel: they measure the same cores).

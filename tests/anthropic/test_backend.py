@@ -239,3 +239,28 @@ def test_an_upstream_that_hangs_up_is_502_request_failed(impatient_gateway: Spaw
 
 def test_ready_once_started(api: httpx.Client) -> None:
     assert api.get("/readiness").json()["status"] == "ready"
+
+
+def test_a_stream_ends_with_the_upstream_error_event(api: httpx.Client, scripted: Scripted) -> None:
+    """The API sends no message_stop after an `error` event; a stream the upstream then keeps
+    open must still end for the client (here the upstream holds the connection until released)."""
+    start = answers.stream_events(answers.message(answers.text("cut"), model=MODEL))[0]
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    scripted.script(
+        {"sse": [{"event": "message_start", "data": start}, {"event": "error", "data": error}], "hold_after": 2}
+    )
+    try:
+        with api.stream("POST", "/v1/messages", json={**BODY, "stream": True}, headers=CLIENT_HEADERS) as response:
+            relayed = response.read()
+    finally:
+        scripted.release()
+    assert [name for name, _ in answers.parse_sse(relayed)] == ["message_start", "error"]
+
+
+def test_the_model_list_is_the_apis_own_answer_to_the_callers_key(api: httpx.Client, worker: Spawned) -> None:
+    listed = api.get("/v1/models", headers={"x-api-key": "sk-ant-caller", "anthropic-version": "2023-06-01"})
+    assert listed.status_code == 200
+    upstream = httpx.get(worker.url + "/v1/models").json()
+    assert [m["id"] for m in listed.json()["data"]] == [m["id"] for m in upstream["data"]]
+    seen = httpx.get(worker.url + "/_models_received").json()["requests"]
+    assert any(r["headers"].get("x-api-key") == "sk-ant-caller" for r in seen)
