@@ -36,8 +36,6 @@ def config(**overrides: Any) -> Any:
         "log_level": "info",
         "journal_path": Path("j.db"),
         "max_payload_size": 1000,
-        "retry_max_retries": 0,
-        "health_check_interval_secs": 1.0,
         "upstream_transport": "aiohttp",
         **overrides,
     }
