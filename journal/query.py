@@ -23,7 +23,9 @@ false; `!` negates that):
 * `model:` `backend:` `worker:` `tenant:` `path:` `code:` (error code) `type:` (error type)
   `stop:` (stop reason): exact and case-sensitive; a value with `*` is a pattern (`*` = any
   run of characters) matched case-insensitively (ASCII letters, as SQLite's LIKE). `=`, `!=`.
-* `id:` a prefix of the request id (case-sensitive), or a `*` pattern. `=` only.
+* `id:` a prefix of the gateway's request id (case-sensitive), or a `*` pattern. `=` only.
+* `client_id:` the request id the client sent (`x-request-id` …; several requests may share
+  one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
@@ -79,6 +81,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "type": (_STRING, "error_type"),
     "stop": (_STRING, "stop_reason"),
     "id": ("id", "id"),
+    "client_id": (_STRING, "client_id"),
     "status": ("status", "status"),
     "ttft": ("duration", "ttfe_ms"),
     "ttfe": ("duration", "ttfe_ms"),

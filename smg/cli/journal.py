@@ -136,7 +136,9 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
 
 @journal_app.command("show")
 def show(
-    request_id: Annotated[str, typer.Argument(help="Request id, or a unique prefix of one.")],
+    request_id: Annotated[
+        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
+    ],
     journal: JournalOpt = DEFAULT_PATH,
     as_json: JsonOpt = False,
 ) -> None:
@@ -153,6 +155,7 @@ def show(
         Panel(
             Text.assemble(
                 (row["id"], "bold"),
+                *([f"  client id {row['client_id']}"] if row["client_id"] not in (None, row["id"]) else []),
                 f"  {_clock(row['ts'], full=True)}  status {_status(row)}",
                 f"  model {row['model'] or '-'}  backend {row['backend'] or '-'}",
                 f"  worker {row['worker'] or '-'}",
@@ -268,7 +271,9 @@ class ExportFormat(enum.StrEnum):
 
 @journal_app.command("export")
 def export(
-    request_id: Annotated[str, typer.Argument(help="Request id, or a unique prefix of one.")],
+    request_id: Annotated[
+        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
+    ],
     journal: JournalOpt = DEFAULT_PATH,
     fmt: Annotated[
         ExportFormat,

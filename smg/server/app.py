@@ -20,7 +20,7 @@ from smg.server import messages, tokenizers
 from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
-from smg.server.request_id import resolve_request_id
+from smg.server.request_id import resolve_request_ids
 from smg.server.state import Gateway
 
 log = logging.getLogger("smg.server")
@@ -37,7 +37,10 @@ def _ensure_context(request: Any) -> None:
     for name, value in request.headers.items():
         ctx.headers.setdefault(name.lower(), value)
     gateway: Gateway = request.app.ctx.gateway
-    ctx.request_id = resolve_request_id(request.path, ctx.headers, gateway.config.request_id_headers)
+    ids = resolve_request_ids(request.path, ctx.headers, gateway.config.request_id_headers)
+    ctx.request_id = ids.echoed  # what the client is told
+    ctx.journal_id = ids.key  # what the journal files the request under
+    ctx.client_request_id = ids.client
 
 
 def _to_http(whole: Whole) -> HTTPResponse:

@@ -85,7 +85,8 @@ def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
     """The first event of every request (the journal redacts its secrets as it queues it)."""
     headers: dict[str, str] = request.ctx.headers
     return Received(
-        request_id=request.ctx.request_id,
+        request_id=request.ctx.journal_id,
+        client_request_id=request.ctx.client_request_id,
         method=request.method,
         path=request.path,
         query=request.query_string,
@@ -101,7 +102,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
     headers: dict[str, str] = request.ctx.headers
-    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    flow = Flow(request.ctx.journal_id, gateway.journal, t0=request.ctx.t0)
     responder = Responder(request)
     projection = Projection(rid)
     body: bytes = request.body or b""
@@ -190,7 +191,7 @@ async def refuse(request: Any, err: ApiError) -> Whole:
     returned response."""
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
-    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    flow = Flow(request.ctx.journal_id, gateway.journal, t0=request.ctx.t0)
     await flow.emit(_received(request, gateway, b""))
     await flow.emit(_rejected(err))
     error = error_event(err)

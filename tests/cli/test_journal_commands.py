@@ -219,7 +219,8 @@ def test_show_json_is_the_json_export(traffic: Traffic) -> None:
     shown = cli_json("show", "g-count", "-j", str(traffic.journal))
     exported = json.loads(cli("export", "g-count", "-j", str(traffic.journal), "--as", "json").stdout)
     assert shown == exported
-    assert [e["kind"] for e in shown["events"]] == ["received", "validated", "routed", "rendered", "counted", "completed"]
+    kinds = ["received", "validated", "routed", "rendered", "counted", "completed"]
+    assert [e["kind"] for e in shown["events"]] == kinds
     assert json.loads(shown["response"]["body"]) == traffic.responses["g-count"].json()
 
 

@@ -109,6 +109,7 @@ STRING_COLUMNS = {
     "code": "error_code",
     "type": "error_type",
     "stop": "stop_reason",
+    "client_id": "client_id",
 }
 NUMBER_COLUMNS = {
     "status": "status",
@@ -309,6 +310,7 @@ def rows(draw: st.DrawFn) -> list[Row]:
             "id": f"{prefix}{i}",
             "ts": None if age is None else NOW - age,
             "path": draw(maybe_word),
+            "client_id": draw(maybe_word),
             "tenant": draw(maybe_word),
             "model": draw(maybe_word),
             "backend": draw(maybe_word),

@@ -15,8 +15,8 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 2
-        assert schema.schema_version(conn) == 2
+        assert schema.SCHEMA_VERSION == 3
+        assert schema.schema_version(conn) == 3
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -33,6 +33,7 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_replay_of",
             "requests_duration_ms",
             "requests_ttfe_ms",
+            "requests_client_id",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
@@ -57,8 +58,10 @@ def test_a_version_one_journal_is_migrated_with_its_rows(tmp_path: Path) -> None
 
     conn = schema.connect(path)
     try:
-        assert schema.schema_version(conn) == 2
-        assert conn.execute("SELECT id, model, status, bodies FROM requests").fetchall() == [("old", "m", 200, "full")]
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
+        assert conn.execute("SELECT id, model, status, bodies, client_id FROM requests").fetchall() == [
+            ("old", "m", 200, "full", "old")
+        ]
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1
     finally:
         conn.close()
@@ -72,8 +75,8 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
         await writer.close()
     conn = schema.connect(path)
     try:
-        assert schema.migrate(conn) == 2
-        assert schema.schema_version(conn) == 2
+        assert schema.migrate(conn) == schema.SCHEMA_VERSION
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
     finally:
         conn.close()
 
@@ -81,16 +84,16 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
 def test_migrations_apply_in_order_and_once(tmp_path: Path) -> None:
     calls: list[int] = []
 
-    def v3(conn: sqlite3.Connection) -> None:
-        calls.append(3)
+    def extra(conn: sqlite3.Connection) -> None:
+        calls.append(1)
         conn.execute("CREATE TABLE extra (x INTEGER)")
 
     conn = schema.connect(tmp_path / "j.db")
     try:
-        steps = [*schema.MIGRATIONS, v3]
-        assert schema.migrate(conn, steps) == 3
-        assert schema.migrate(conn, steps) == 3
-        assert calls == [3]
+        steps = [*schema.MIGRATIONS, extra]
+        assert schema.migrate(conn, steps) == len(steps)
+        assert schema.migrate(conn, steps) == len(steps)
+        assert calls == [1]
     finally:
         conn.close()
 
@@ -104,7 +107,7 @@ def test_a_failing_migration_leaves_the_version_alone(tmp_path: Path) -> None:
     try:
         with pytest.raises(RuntimeError):
             schema.migrate(conn, [*schema.MIGRATIONS, broken])
-        assert schema.schema_version(conn) == 2
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "half" not in names
     finally:
