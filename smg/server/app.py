@@ -165,7 +165,13 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
 
     @app.get("/readiness", name="readiness")
     async def _readiness(request: Any) -> HTTPResponse:
-        ready = request.app.ctx.gateway.backend.ready()
+        gateway: Gateway = request.app.ctx.gateway
+        ready = gateway.backend.ready()
+        # A journal that cannot commit does not stop serving, but it is not a healthy gateway:
+        # say so, with why, so an operator sees it before the held events are dropped.
+        problem = gateway.journal.problem
+        if problem is not None:
+            return json_response({"status": "not_ready", "reason": f"journal: {problem}"}, status=503)
         return json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
 
     @app.exception(SanicException)

@@ -15,6 +15,7 @@ from contextlib import aclosing
 from typing import Any
 
 from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
+from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
 from smg.projection import Projection, Whole, error_response
@@ -81,15 +82,30 @@ def _summary(call: Call) -> dict[str, Any]:
     return out
 
 
+def _authorized(gateway: Gateway, headers: dict[str, str]) -> bool:
+    try:
+        check_bearer(gateway.config.api_key, headers)
+    except ApiError:
+        return False
+    return True
+
+
 def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
-    """The first event of every request (the journal redacts its secrets as it queues it)."""
+    """The first event of every request (the journal redacts its secrets as it queues it).
+
+    A request without the gateway key is journaled without its body and with only a few
+    headers, clipped: anyone who can reach the port must not be able to fill the disk.
+    """
     headers: dict[str, str] = request.ctx.headers
+    query: str = request.query_string
+    if not _authorized(gateway, headers):
+        headers, query, body = minimal_headers(headers), query[:MINIMAL_VALUE_CHARS], b""
     return Received(
         request_id=request.ctx.journal_id,
         client_request_id=request.ctx.client_request_id,
         method=request.method,
         path=request.path,
-        query=request.query_string,
+        query=query,
         headers=headers,
         body=body.decode("utf-8", errors="replace") if body else None,
         client=request.ip or None,
