@@ -153,9 +153,13 @@ def body_view(text: str, content_type: str) -> RenderableType:
     if len(text) > MAX_PRETTY or "json" not in content_type:
         return _clipped(text)
     try:
-        json.loads(text)
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
         return _clipped(text)
+    try:  # a lone surrogate escape decodes to a character no terminal prints: keep it escaped
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return JSON(text, indent=2, ensure_ascii=True)
     return JSON(text, indent=2)
 
 

@@ -571,11 +571,21 @@ def _response_view(status: int | None, headers: dict[str, str], body: bytes) -> 
 def _body(text: str, content_type: str) -> Any:
     if "json" in content_type:
         try:
-            json.loads(text)
-        except ValueError:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
             return Text(text)
-        return JSON(text)
+        # A lone surrogate escape (`"\\ud800"`) is valid JSON but no terminal can print the
+        # character it decodes to: keep such strings escaped.
+        return JSON(text, ensure_ascii=not _printable(value))
     return Text(text)
+
+
+def _printable(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _clock(ts: float | None, full: bool = False) -> str:
