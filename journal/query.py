@@ -23,7 +23,8 @@ false; `!` negates that):
 * `model:` `backend:` `worker:` `tenant:` `path:` `code:` (error code) `type:` (error type)
   `stop:` (stop reason): exact and case-sensitive; a value with `*` is a pattern (`*` = any
   run of characters) matched case-insensitively (ASCII letters, as SQLite's LIKE). `=`, `!=`.
-* `id:` a prefix of the gateway's request id (case-sensitive), or a `*` pattern. `=` only.
+* `id:` a prefix of the request id, the gateway's or the client's (case-sensitive), or a `*`
+  pattern (case-insensitive) matched against both. `=` only.
 * `client_id:` the request id the client sent (`x-request-id` …; several requests may share
   one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
@@ -405,8 +406,11 @@ class _Compiler:
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
-            return f"id LIKE {self.bind(_glob_to_like(value))} ESCAPE '\\'"
-        return f"(id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)})"
+            like = _glob_to_like(value)
+            return f"(id LIKE {self.bind(like)} ESCAPE '\\' OR client_id LIKE {self.bind(like)} ESCAPE '\\')"
+        in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
+        in_client_id = f"client_id >= {self.bind(value)} AND client_id < {self.bind(value + _ID_END)}"
+        return f"(({in_id}) OR ({in_client_id}))"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()

@@ -81,6 +81,9 @@ class Projection:
         self._error_body: list[bytes] = []
         self._message: dict[str, Any] | None = None
         self._content = BlockFold()
+        # The error envelope made from an upstream's error answer, for the journal to record
+        # as an `error` event (a projection that is done ignores it on a rebuild).
+        self.relayed_error: Error | None = None
 
     def feed(self, event: Event) -> list[Action]:
         if self.done:
@@ -151,9 +154,11 @@ class Projection:
         head = self._head
         assert head is not None and head.status is not None
         err = error_from_upstream(head.status, b"".join(self._error_body), head.headers)
-        return self._error(
-            Error(stage="upstream", status=err.status, error_type=err.type, message=err.message, headers=err.headers)
+        error = Error(
+            stage="upstream", status=err.status, error_type=err.type, message=err.message, headers=err.headers
         )
+        self.relayed_error = error
+        return self._error(error)
 
     # engine backends
 

@@ -120,6 +120,7 @@ def ls(
 def _cells(row: dict[str, Any]) -> dict[str, str]:
     return {
         "id": row["id"],
+        "client id": row["client_id"] if row["client_id"] not in (None, row["id"]) else "",
         "time": _clock(row["ts"]),
         "request": f"{row['method'] or ''} {row['path'] or ''}".strip(),
         "model": row["model"] or "",
@@ -260,6 +261,8 @@ def _tail_line(row: dict[str, Any]) -> Text:
     extra = [f"{k}={cells[k]}" for k in ("backend", "stop", "code", "in/out") if cells[k]]
     line.append(" ".join(extra) + " ", "dim")
     line.append(row["id"], "bold")
+    if row["client_id"] not in (None, row["id"]):
+        line.append(f" ({row['client_id']})")
     return line
 
 
@@ -453,12 +456,12 @@ def _num(value: float | None) -> str:
 
 # ls columns, most important first; on a narrow terminal the tail is dropped, not squeezed.
 _LS_COLUMNS = (
-    "id", "status", "request", "model", "duration", "code", "stop", "in/out", "ttfe",
+    "id", "status", "request", "model", "duration", "code", "stop", "in/out", "client id", "ttfe",
     "time", "backend", "worker",
 )  # fmt: skip
 _RIGHT = frozenset({"status", "in/out", "ttfe", "duration"})
 _ORDER = (
-    "id", "time", "request", "model", "backend", "worker", "status", "code", "stop",
+    "id", "client id", "time", "request", "model", "backend", "worker", "status", "code", "stop",
     "in/out", "ttfe", "duration",
 )  # fmt: skip
 

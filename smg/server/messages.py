@@ -14,7 +14,7 @@ import time
 from contextlib import aclosing
 from typing import Any
 
-from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
+from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
 from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
@@ -139,6 +139,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                     _observe(outcome, event)
                     await responder.run(projection.feed(event))
             await responder.run(projection.finish())
+            if projection.relayed_error is not None:  # what the client was told, for the summary row
+                await flow.emit(projection.relayed_error)
             if not responder.responded:
                 raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")
         except ApiError as err:
@@ -161,7 +163,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 duration_ms=round(flow.elapsed() * 1000, 3),
                 bytes_sent=responder.bytes_sent,
                 disconnected=disconnected,
-                usage=outcome.usage or None,
+                usage=outcome.final_usage() or None,
                 stop_reason=outcome.stop_reason,
             )
         )
@@ -176,6 +178,8 @@ def _observe(outcome: UsageReader, event: object) -> None:
             outcome.body(event.data)
     elif isinstance(event, Block):
         outcome.event(event.event)
+    elif isinstance(event, Tokens):
+        outcome.generated(event.completion_tokens if event.completion_tokens is not None else 0)
 
 
 def error_event(err: ApiError, stage: str = "admission") -> Error:

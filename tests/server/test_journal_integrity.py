@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from journal.events import Received
 from journal.reader import AmbiguousRequestId, JournalReader
 from smg.cli.main import app
+from smg.projection import reconstruct
 from tests.conftest import MODEL, Scripted, wait_for_events
 from tools.spawn import Spawned, spawn_gateway
 
@@ -215,3 +216,38 @@ def test_a_locked_journal_shows_in_readiness_and_serving_goes_on(
         gateway.stop()
     log = gateway.log()
     assert log.count("journal: cannot commit") == 1 and "journal: commits to" in log
+
+
+def test_a_relayed_upstream_error_is_findable_by_its_type(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy, try later"}}
+    scripted.script({"status": 529, "json": error})
+    response = client.post("/v1/messages", json=BODY, headers={"x-request-id": "relayed-529"})
+    assert response.status_code == 529
+    events = wait_for_events(journal_path, "relayed-529")
+    rows = _wait_rows(journal_path, "type:overloaded_error client_id:relayed-529", 1)
+    assert len(rows) == 1 and rows[0]["status"] == 529 and rows[0]["error_type"] == "overloaded_error"
+    rebuilt = reconstruct(events)  # the error event the journal gained changes nothing the client got
+    assert rebuilt.status == 529 and rebuilt.body == response.content
+    assert rebuilt.headers["request-id"] == response.headers["request-id"] == "relayed-529"
+
+
+def test_a_replay_row_keeps_the_targets_error_code(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    zero = {**BODY, "max_tokens": 0}  # the HTTP relay refuses it with a code of its own
+    response = client.post("/v1/messages", json=zero, headers={"x-request-id": "replay-code-original"})
+    assert response.status_code == 400 and response.headers["x-smg-error-code"] == "max_tokens_zero_not_relayed"
+    wait_for_events(journal_path, "replay-code-original")
+    result = runner.invoke(
+        app, ["replay", "replay-code-original", "--to", str(client.base_url), "--journal", str(journal_path)]
+    )
+    assert "Traceback" not in result.output, result.output
+    with JournalReader(journal_path) as reader:
+        original = reader.get_request("replay-code-original")
+        assert original is not None and original["error_code"] == "max_tokens_zero_not_relayed"
+        replays = [r for r in reader.list_requests(1000, query="replay:yes") if r["replay_of"] == original["id"]]
+    mine = [r for r in replays if r["backend"] == "replay"]
+    assert len(mine) == 1 and mine[0]["status"] == 400
+    assert mine[0]["error_code"] == "max_tokens_zero_not_relayed" and mine[0]["error_type"] == "invalid_request_error"
