@@ -25,7 +25,9 @@ from journal.events import Event, Received, Upstream, Validated
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
-_UNICODE_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+# The key as a JSON string with any of its characters escaped (`\\u0061` for `a`); IGNORECASE
+# is for the hex digits, and the over-match it allows only costs a parse.
+_ESCAPED_KEY = re.compile('"' + "".join(f"(?:{c}|\\\\u00{ord(c):02x})" for c in _TOKEN_KEY) + '"', re.IGNORECASE)
 
 
 def redact_value(value: str) -> str:
@@ -44,9 +46,9 @@ def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
 def _may_hold_token(text: str) -> bool:
     if _TOKEN_KEY in text:
         return True
-    # The key may be spelled with JSON escapes (`authorization\\u005ftoken`): decode them
-    # loosely and look again. Only bodies with an escape pay for the second look.
-    return "\\u" in text and _TOKEN_KEY in _UNICODE_ESCAPE.sub(lambda m: chr(int(m[1], 16)), text)
+    # The key may be spelled with JSON escapes (`authorization\\u005ftoken`); one regex search,
+    # and only bodies with an escape pay for it.
+    return "\\u" in text and _ESCAPED_KEY.search(text) is not None
 
 
 def _tokens_in(text: str) -> tuple[Any, list[Any], bool] | None:

@@ -43,6 +43,25 @@ def _ensure_context(request: Any) -> None:
     ctx.client_request_id = ids.client
 
 
+def _parsed(request: Any) -> Any:
+    """The request as the client sent it. When Sanic refuses a request while reading its head
+    (a bad Content-Length, an unknown Expect), it hands the error handler a stand-in without
+    headers (method `NONE`); the request it had parsed by then is `Request._current`, unless
+    the failure came before the headers were read (that one is still the connection's previous
+    request, which has been through the middleware and so has its ids already)."""
+    if request.method != "NONE":
+        return request
+    current = type(request)._current.get(None)
+    if (
+        current is None
+        or current is request
+        or current.transport is not request.transport
+        or getattr(current.ctx, "request_id", None)
+    ):
+        return request
+    return current
+
+
 def _to_http(whole: Whole) -> HTTPResponse:
     headers = dict(whole.headers)
     content_type = headers.pop("content-type", "application/json")
@@ -176,6 +195,7 @@ def build_app(config: GatewayConfig, backend: Backend, journal: Any, name: str =
 
     @app.exception(SanicException)
     async def _sanic_error(request: Any, exc: SanicException) -> HTTPResponse:
+        request = _parsed(request)  # journaled under the client's request id, with its headers
         _ensure_context(request)
         status = int(getattr(exc, "status_code", 500) or 500)
         if request.path.startswith("/v1/messages") or "anthropic-version" in request.ctx.headers:

@@ -5,6 +5,8 @@ and a journal file that cannot be committed to."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -251,3 +253,45 @@ def test_a_replay_row_keeps_the_targets_error_code(
     mine = [r for r in replays if r["backend"] == "replay"]
     assert len(mine) == 1 and mine[0]["status"] == 400
     assert mine[0]["error_code"] == "max_tokens_zero_not_relayed" and mine[0]["error_type"] == "invalid_request_error"
+
+
+def _exchange(gateway: Spawned, *requests: bytes) -> list[bytes]:
+    """Send raw requests on one connection; the raw answers (each read to its close or length)."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    answers = []
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        reader = conn.makefile("rb")
+        for raw in requests:
+            conn.sendall(raw)
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                byte = reader.read(1)
+                if not byte:
+                    break
+                head += byte
+            length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE)[1])  # type: ignore[index]
+            answers.append(head + reader.read(length))
+    return answers
+
+
+def test_a_request_sanic_refuses_while_reading_it_keeps_the_clients_id(
+    gateway: Spawned, journal_path: Path
+) -> None:
+    bad_length = (
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-request-id: proto-refused-1\r\nContent-Length: abc\r\n\r\n"
+    )
+    (answer,) = _exchange(gateway, bad_length)
+    assert answer.startswith(b"HTTP/1.1 400") and b"x-request-id: proto-refused-1" in answer
+    assert b'"request_id":"proto-refused-1"' in answer
+    events = wait_for_events(journal_path, "proto-refused-1")
+    received = events[0]
+    assert isinstance(received, Received) and received.client_request_id == "proto-refused-1"
+    assert received.method == "POST" and received.headers["content-length"] == "abc"
+
+
+def test_a_broken_request_after_a_good_one_does_not_take_its_id(gateway: Spawned) -> None:
+    first = b"GET /v1/messages HTTP/1.1\r\nHost: x\r\nx-request-id: keep-alive-first\r\n\r\n"
+    broken = b"NOT A REQUEST LINE\r\n\r\n"
+    answers = _exchange(gateway, first, broken)
+    assert b"x-request-id: keep-alive-first" in answers[0]
+    assert answers[1].startswith(b"HTTP/1.1 400") and b"keep-alive-first" not in answers[1]
