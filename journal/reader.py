@@ -68,6 +68,13 @@ class JournalReader:
             raise JournalError(f"{self.path} is not an smg journal (schema version {version})")
         self._known = frozenset(event_kinds())
         present = {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}
+        missing = [c for c in schema.QUERIED_COLUMNS if c not in present]
+        if missing:
+            # An older file: a temporary view (this connection's alone; the file is never
+            # written) stands in for `requests` with the newer columns as NULL, so queries
+            # that name them (`id:` also looks at `client_id`) work on every version.
+            nulls = ", ".join(f"NULL AS {c}" for c in missing)
+            self._conn.execute(f"CREATE TEMP VIEW requests AS SELECT *, {nulls} FROM main.requests")
         columns = [c if c in present else f"NULL AS {c}" for c in schema.REQUEST_COLUMNS]
         self._select = f"SELECT {', '.join(columns)} FROM requests"
         self._has_client_id = "client_id" in present

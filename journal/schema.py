@@ -132,6 +132,9 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking")
 """0/1 columns that only ever go from 0 to 1."""
 
+QUERIED_COLUMNS: tuple[str, ...] = ("client_id",)
+"""Columns added after v1 that `journal.query` may name: a reader of an older file supplies them as NULL."""
+
 
 class SchemaTooNew(RuntimeError):
     """The file was written by a newer smg than this one."""

@@ -121,3 +121,40 @@ def test_a_newer_journal_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(schema.SchemaTooNew):
         schema.connect(path)
+
+
+async def test_a_version_two_journal_keyed_by_client_ids_reads_and_migrates(tmp_path: Path) -> None:
+    from journal.events import Completed, Received
+
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.apply_pragmas(conn)
+    schema.migrate(conn, schema.MIGRATIONS[:2])  # as smg wrote it before request ids were minted
+    received = '{"method":"POST","path":"/v1/messages","request_id":"client-7","headers":{},"ts":5.0}'
+    conn.execute("INSERT INTO events VALUES ('client-7', 1, 'received', 0.0, ?)", (received,))
+    conn.execute("INSERT INTO events VALUES ('client-7', 2, 'completed', 0.1, '{\"status\":200,\"duration_ms\":1}')")
+    conn.execute("INSERT INTO requests (id, ts, status, completed) VALUES ('client-7', 5.0, 200, 1)")
+    conn.close()
+
+    with JournalReader(path) as reader:  # read-only, as it is: no client_id column yet
+        row = reader.get_request("client-7")
+        assert row is not None and row["client_id"] is None and row["status"] == 200
+        assert [e.kind for _, e in reader.events("client-7")] == ["received", "completed"]
+        assert reader.count("id:client") == 1
+
+    writer = JournalWriter(path)  # a new gateway migrates it and writes minted ids beside
+    await writer.start()
+    await writer.append("msg_new", 1, Received(method="POST", path="/v1/messages", request_id="msg_new",
+                                               client_request_id="client-7", ts=6.0))  # fmt: skip
+    await writer.append("msg_new", 2, Completed(status=400, duration_ms=1.0))
+    await writer.close()
+
+    with JournalReader(path) as reader:
+        old = reader.get_request("client-7")  # the old row: its id is the client's
+        assert old is not None and old["id"] == "client-7" and old["client_id"] == "client-7"
+        assert reader.get_request("msg_new") is not None
+        assert {r["id"] for r in reader.list_requests(query="client_id:client-7")} == {"client-7", "msg_new"}
+        events = reader.events("client-7")  # events stored under the id itself are found first
+        assert [e.kind for _, e in events] == ["received", "completed"]
+        received_event = events[0][1]
+        assert isinstance(received_event, Received) and received_event.echoed_id == "client-7"
