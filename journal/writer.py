@@ -27,6 +27,15 @@ Durability contract (WAL, `synchronous=NORMAL`):
 * `flush()` returns once everything appended before it is committed; `close()` drains the
   queue and commits before closing.
 
+When commits fail (a full disk, a lock held past `busy_timeout_ms`, an I/O error) serving
+goes on: the prepared batch is held and retried every `retry_interval_s` with what queued up
+meanwhile; at most `queue_size` prepared events are held (the oldest batches beyond that are
+given up) and, while failing, a full queue drops new events instead of blocking `append`.
+`problem` says why commits fail (None once one succeeds again; `/readiness` reports it), one
+log line marks the start of an incident and one its end, and `stats` counts what was written,
+held and dropped. An event that cannot be serialized, or a row SQLite refuses, is dropped
+alone; text UTF-8 cannot hold (lone surrogates) is stored escaped.
+
 Events are treated as immutable once appended: they are serialized later, by the writer
 thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
 upstream `head` events, MCP tokens in the `received` body and the validated summary); the
