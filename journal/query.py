@@ -407,10 +407,12 @@ class _Compiler:
     def id_prefix(self, value: str) -> str:
         if "*" in value:
             like = _glob_to_like(value)
-            return f"(id LIKE {self.bind(like)} ESCAPE '\\' OR client_id LIKE {self.bind(like)} ESCAPE '\\')"
+            in_id = f"id LIKE {self.bind(like)} ESCAPE '\\'"
+            return f"({in_id} OR (client_id IS NOT NULL AND client_id LIKE {self.bind(like)} ESCAPE '\\'))"
+        # `IS NOT NULL` keeps the term two-valued, so that `!id:` is its exact negation.
         in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
-        in_client_id = f"client_id >= {self.bind(value)} AND client_id < {self.bind(value + _ID_END)}"
-        return f"(({in_id}) OR ({in_client_id}))"
+        low, high = self.bind(value), self.bind(value + _ID_END)
+        return f"(({in_id}) OR (client_id IS NOT NULL AND client_id >= {low} AND client_id < {high}))"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()

@@ -76,7 +76,8 @@ def test_upstream_error_sequence(client: httpx.Client, scripted: Scripted, journ
     scripted.script({"status": 500, "body": "boom"})
     response = client.post("/v1/messages", json=BODY, headers={"x-request-id": "seq-500-1"})
     events = wait_for_events(journal_path, "seq-500-1")
-    assert [e.kind for e in events] == ["received", "validated", "routed", "upstream", "upstream", "completed"]
+    kinds = ["received", "validated", "routed", "upstream", "upstream", "error", "completed"]
+    assert [e.kind for e in events] == kinds  # the error the client was told, made from the upstream's
     assert reconstruct(events).body == response.content
 
 
