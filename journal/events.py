@@ -53,18 +53,30 @@ def event_kinds() -> list[str]:
 @_register
 @dataclass(slots=True)
 class Received(Event):
-    """The request arrived. Headers are redacted before this event is built."""
+    """The request arrived. Headers are redacted before this event is built.
+
+    `request_id` is the gateway's own id for the request (the journal's key);
+    `client_request_id` the id the client sent, which the gateway echoes (None: it sent none,
+    or one that cannot go back in a header, and was given `request_id`). Events written
+    before the split hold the echoed id in `request_id` and no `client_request_id`.
+    """
 
     kind: ClassVar[str] = "received"
     method: str
     path: str
     request_id: str = ""
+    client_request_id: str | None = None
     query: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     body: str | None = None
     client: str | None = None
     tenant: str | None = None
     ts: float = 0.0  # wall clock (epoch seconds)
+
+    @property
+    def echoed_id(self) -> str:
+        """The id the client was given (`x-request-id`, the envelope's `request_id`)."""
+        return self.client_request_id or self.request_id
 
 
 @_register

@@ -23,7 +23,10 @@ false; `!` negates that):
 * `model:` `backend:` `worker:` `tenant:` `path:` `code:` (error code) `type:` (error type)
   `stop:` (stop reason): exact and case-sensitive; a value with `*` is a pattern (`*` = any
   run of characters) matched case-insensitively (ASCII letters, as SQLite's LIKE). `=`, `!=`.
-* `id:` a prefix of the request id (case-sensitive), or a `*` pattern. `=` only.
+* `id:` a prefix of the request id, the gateway's or the client's (case-sensitive), or a `*`
+  pattern (case-insensitive) matched against both. `=` only.
+* `client_id:` the request id the client sent (`x-request-id` …; several requests may share
+  one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
@@ -79,6 +82,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "type": (_STRING, "error_type"),
     "stop": (_STRING, "stop_reason"),
     "id": ("id", "id"),
+    "client_id": (_STRING, "client_id"),
     "status": ("status", "status"),
     "ttft": ("duration", "ttfe_ms"),
     "ttfe": ("duration", "ttfe_ms"),
@@ -402,8 +406,13 @@ class _Compiler:
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
-            return f"id LIKE {self.bind(_glob_to_like(value))} ESCAPE '\\'"
-        return f"(id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)})"
+            like = _glob_to_like(value)
+            in_id = f"id LIKE {self.bind(like)} ESCAPE '\\'"
+            return f"({in_id} OR (client_id IS NOT NULL AND client_id LIKE {self.bind(like)} ESCAPE '\\'))"
+        # `IS NOT NULL` keeps the term two-valued, so that `!id:` is its exact negation.
+        in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
+        low, high = self.bind(value), self.bind(value + _ID_END)
+        return f"(({in_id}) OR (client_id IS NOT NULL AND client_id >= {low} AND client_id < {high}))"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()

@@ -9,6 +9,7 @@ as it is: columns it does not have yet read as NULL.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -32,12 +33,17 @@ class JournalNotFound(JournalError, FileNotFoundError):
 
 
 class AmbiguousRequestId(JournalError, LookupError):
-    """An id prefix matches more than one request."""
+    """An id prefix, or a client's request id, matches more than one request."""
 
-    def __init__(self, prefix: str, matches: list[str]) -> None:
-        super().__init__(f"{prefix!r} matches several requests: {', '.join(matches)}")
+    def __init__(self, prefix: str, matches: list[str], *, client_id: bool = False) -> None:
+        what = "is the client id of" if client_id else "matches"
+        more = " (and more)" if len(matches) > 10 else ""
+        super().__init__(
+            f"{prefix!r} {what} several requests: {', '.join(matches[:10])}{more}; name one by the gateway's id"
+        )
         self.prefix = prefix
         self.matches = matches
+        self.client_id = client_id
 
 
 class JournalReader:
@@ -62,8 +68,16 @@ class JournalReader:
             raise JournalError(f"{self.path} is not an smg journal (schema version {version})")
         self._known = frozenset(event_kinds())
         present = {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}
+        missing = [c for c in schema.QUERIED_COLUMNS if c not in present]
+        if missing:
+            # An older file: a temporary view (this connection's alone; the file is never
+            # written) stands in for `requests` with the newer columns as NULL, so queries
+            # that name them (`id:` also looks at `client_id`) work on every version.
+            nulls = ", ".join(f"NULL AS {c}" for c in missing)
+            self._conn.execute(f"CREATE TEMP VIEW requests AS SELECT *, {nulls} FROM main.requests")
         columns = [c if c in present else f"NULL AS {c}" for c in schema.REQUEST_COLUMNS]
         self._select = f"SELECT {', '.join(columns)} FROM requests"
+        self._has_client_id = "client_id" in present
 
     def close(self) -> None:
         self._conn.close()
@@ -118,16 +132,27 @@ class JournalReader:
         return [_row(r) for r in rows]
 
     def get_request(self, id_or_prefix: str) -> dict[str, Any] | None:
-        """The summary row of a request by its id or a unique prefix of it.
+        """The summary row of a request by the gateway's id for it, a unique prefix of that
+        id, or the id the client sent (`client_id`, exact) when one request has it.
 
-        Returns None when nothing matches; raises `AmbiguousRequestId` when a prefix
-        matches several requests.
+        The gateway's id wins: it is tried first, then the client's id, then the prefix.
+        Returns None when nothing matches; raises `AmbiguousRequestId` (listing the gateway's
+        ids of the candidates) when a prefix matches several requests or a client reused an
+        id for several.
         """
         row = self._conn.execute(f"{self._select} WHERE id = ?", (id_or_prefix,)).fetchone()
         if row is not None:
             return _row(row)
         if not id_or_prefix:
             return None
+        if self._has_client_id:
+            rows = self._conn.execute(
+                f"{self._select} WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (id_or_prefix,)
+            ).fetchall()
+            if len(rows) > 1:
+                raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows], client_id=True)
+            if rows:
+                return _row(rows[0])
         # A range scan on the primary key: every id that starts with the prefix sorts in
         # [prefix, prefix + U+10FFFF).
         rows = self._conn.execute(
@@ -138,16 +163,39 @@ class JournalReader:
             raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows])
         return _row(rows[0]) if rows else None
 
+    def resolve(self, request_id: str) -> str:
+        """The gateway's id of the request that `request_id` names: itself when events are
+        stored under it, else the one request whose client id it is (raises
+        `AmbiguousRequestId` when several are). Unknown ids are returned as they are."""
+        if self._conn.execute("SELECT 1 FROM events WHERE request_id = ? LIMIT 1", (request_id,)).fetchone():
+            return request_id
+        if not self._has_client_id or not request_id:
+            return request_id
+        ids = [
+            r[0]
+            for r in self._conn.execute(
+                "SELECT id FROM requests WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (request_id,)
+            )
+        ]
+        if len(ids) > 1:
+            raise AmbiguousRequestId(request_id, ids, client_id=True)
+        return ids[0] if ids else request_id
+
     def raw_events(self, request_id: str) -> list[tuple[int, str, float, dict[str, Any]]]:
-        """`(seq, kind, t, payload)` of a request's events as stored, ordered by seq."""
+        """`(seq, kind, t, payload)` of a request's events as stored, ordered by seq.
+
+        `request_id` is the gateway's id, or a client id that one request has (`resolve`).
+        A payload that strict JSON cannot hold (a lone surrogate escape, written by an older
+        smg) is decoded leniently, the surrogate kept as an escape.
+        """
         rows = self._conn.execute(
             "SELECT seq, kind, t, data FROM events WHERE request_id = ? ORDER BY seq",
-            (request_id,),
+            (self.resolve(request_id),),
         ).fetchall()
-        return [(seq, kind, t, orjson.loads(data)) for seq, kind, t, data in rows]
+        return [(seq, kind, t, _loads(data)) for seq, kind, t, data in rows]
 
     def events(self, request_id: str) -> list[tuple[int, Event]]:
-        """`(seq, event)` of a request, ordered by seq.
+        """`(seq, event)` of a request (by either id, as `raw_events`), ordered by seq.
 
         Kinds this version does not know (written by a newer smg) are skipped; use
         `raw_events` to see everything.
@@ -157,6 +205,24 @@ class JournalReader:
             for seq, kind, t, data in self.raw_events(request_id)
             if kind in self._known
         ]
+
+
+def _loads(data: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _printable(json.loads(data))
+
+
+def _printable(value: Any) -> Any:
+    """`value` with lone surrogates in its strings spelled as `\\udXXX` escapes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _row(row: tuple[Any, ...]) -> dict[str, Any]:

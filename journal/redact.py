@@ -1,6 +1,8 @@
 """Secrets never reach the journal in clear.
 
-A secret is replaced by `[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
+Secrets are header values (`SECRET_HEADERS`), query parameters that look like credentials
+(`redact_query`) and MCP tokens in request bodies (`redact_body`). A secret is replaced by
+`[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
 of the value, so an operator can tell two keys apart (or match one they hold) without the
 journal storing anything usable. `redacted(event)` is applied once, by the writer, before an
 event is queued: whoever emits events needs no redaction of their own. The functions are
@@ -11,15 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
+from urllib.parse import quote, unquote_plus
 
+from journal.bodies import fingerprint
 from journal.events import Event, Received, Upstream, Validated
 
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
+# The key as a JSON string with any of its characters escaped (`\\u0061` for `a`); IGNORECASE
+# is for the hex digits, and the over-match it allows only costs a parse.
+_ESCAPED_KEY = re.compile('"' + "".join(f"(?:{c}|\\\\u00{ord(c):02x})" for c in _TOKEN_KEY) + '"', re.IGNORECASE)
 
 
 def redact_value(value: str) -> str:
@@ -35,57 +43,137 @@ def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: redact_value(value) if name.lower() in SECRET_HEADERS else value for name, value in headers.items()}
 
 
-def redact_body(text: str) -> str:
-    """`text` with every `mcp_servers[].authorization_token` value redacted.
+def _may_hold_token(text: str) -> bool:
+    if _TOKEN_KEY in text:
+        return True
+    # The key may be spelled with JSON escapes (`authorization\\u005ftoken`); one regex search,
+    # and only bodies with an escape pay for it.
+    return "\\u" in text and _ESCAPED_KEY.search(text) is not None
 
-    Bodies without the key (nearly all) cost one substring search. The token's JSON string
-    is replaced in place so the rest of the body stays byte-for-byte as the client sent it;
-    only when a token is spelled with escapes that prevent that is the body re-serialized.
-    Text that is not JSON is returned unchanged.
-    """
-    if _TOKEN_KEY not in text:
-        return text
+
+def _tokens_in(text: str) -> tuple[Any, list[Any], bool] | None:
+    """The parsed body, every `authorization_token` value in it not redacted yet (duplicate
+    keys included: the standard parser keeps only the last) and whether a key repeats;
+    None when `text` does not parse."""
+    found: list[Any] = []
+    repeated = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        count = 0
+        for key, value in items:
+            if key == _TOKEN_KEY:
+                count += 1
+                if not (isinstance(value, str) and value.startswith(_PREFIX)):
+                    found.append(value)
+        repeated = repeated or count > 1
+        return dict(items)
+
     try:
-        body = json.loads(text)
-    except ValueError:
+        body = json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return body, found, repeated
+
+
+def redact_body(text: str) -> str:
+    """`text` with every `authorization_token` value redacted (the MCP servers' tokens).
+
+    Redaction works on the parsed value, whatever the spelling: a key or a token written
+    with JSON escapes, a key given twice (both values go), a token that is not a string.
+    Bodies that cannot hold the key (nearly all) cost one substring search. When each token
+    appears in the text as plain JSON, it is replaced in place so the rest of the body stays
+    byte-for-byte as the client sent it (checked by parsing the result); otherwise the body
+    is re-serialized from its parsed form (duplicate keys collapse). A body that may hold a
+    token but does not parse is stored as a fingerprint (`[text sha256:… len=…]`), never as
+    it came.
+    """
+    if not _may_hold_token(text):
         return text
-    servers = body.get("mcp_servers") if isinstance(body, dict) else None
-    if not isinstance(servers, list):
-        return text
-    tokens = [
-        s[_TOKEN_KEY]
-        for s in servers
-        if isinstance(s, dict) and isinstance(s.get(_TOKEN_KEY), str) and not s[_TOKEN_KEY].startswith(_PREFIX)
-    ]
+    parsed = _tokens_in(text)
+    if parsed is None:
+        return fingerprint(text)
+    body, tokens, repeated = parsed
     if not tokens:
         return text
-    out = text
-    for token in tokens:
-        spellings = {json.dumps(token), json.dumps(token, ensure_ascii=False)}
-        found = [q for q in spellings if q in out]
-        if not found:
-            return _reserialize(body)
-        for quoted in found:
-            out = out.replace(quoted, json.dumps(redact_value(token)))
-    return out
+    if not repeated and all(isinstance(t, str) for t in tokens):
+        out = text
+        for token in tokens:
+            for quoted in {json.dumps(token), json.dumps(token, ensure_ascii=False)}:
+                out = out.replace(quoted, json.dumps(redact_value(token)))
+        again = _tokens_in(out)
+        if again is not None and not again[1]:
+            return out
+    return json.dumps(_redact_tokens(body), ensure_ascii=False, separators=(",", ":"))
 
 
-def _reserialize(body: dict[str, Any]) -> str:
-    for server in body["mcp_servers"]:
-        if isinstance(server, dict) and isinstance(server.get(_TOKEN_KEY), str):
-            server[_TOKEN_KEY] = redact_value(server[_TOKEN_KEY])
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+_SECRET_PARAMS = ("key", "token", "secret", "passw", "auth", "signature", "credential", "session")
+_SECRET_PARAMS_EXACT = frozenset({"sig", "pwd", "jwt", "code"})
+
+
+def _secret_param(name: str) -> bool:
+    lowered = unquote_plus(name).strip().lower()
+    return lowered in _SECRET_PARAMS_EXACT or any(part in lowered for part in _SECRET_PARAMS)
+
+
+def redact_query(query: str) -> str:
+    """A query string with the values of secret-looking parameters (`key`, `api_key`,
+    `token`, `access_token`, `secret`, `password`, `auth`, `sig`, …) redacted; the names,
+    the order and every other parameter are kept as sent."""
+    if not query or "=" not in query:
+        return query
+    out = []
+    for part in query.split("&"):
+        name, eq, value = part.partition("=")
+        if eq and value and _secret_param(name):
+            plain = unquote_plus(value)
+            if not plain.startswith(_PREFIX):
+                value = quote(redact_value(plain), safe="[]:")
+        out.append(f"{name}{eq}{value}")
+    return "&".join(out)
+
+
+_REFUSED_KEEP = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "user-agent",
+        "anthropic-version",
+        "x-request-id",
+        "request-id",
+        "x-correlation-id",
+        "x-trace-id",
+        *SECRET_HEADERS,
+    }
+)
+MINIMAL_VALUE_CHARS = 256
+"""How much of each header (and of the query string) a request refused before auth keeps."""
+
+
+def minimal_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """What the journal keeps of the headers of a request that did not carry the gateway key:
+    the few that explain the refusal, each clipped (secrets are redacted later, as always)."""
+    return {
+        name: value if name.lower() in SECRET_HEADERS else value[:MINIMAL_VALUE_CHARS]
+        for name, value in headers.items()
+        if name.lower() in _REFUSED_KEEP
+    }
 
 
 def _redact_tokens(value: Any) -> Any:
     if isinstance(value, dict):
-        return {
-            k: redact_value(v) if k == _TOKEN_KEY and isinstance(v, str) else _redact_tokens(v)
-            for k, v in value.items()
-        }
+        return {k: _redact_token(v) if k == _TOKEN_KEY else _redact_tokens(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact_tokens(v) for v in value]
     return value
+
+
+def _redact_token(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return redact_value(value)
+    return redact_value(json.dumps(value, sort_keys=True, default=str))
 
 
 def redacted(event: Event) -> Event:
@@ -96,6 +184,7 @@ def redacted(event: Event) -> Event:
         return replace(
             event,
             headers=redact_headers(event.headers),
+            query=redact_query(event.query),
             body=redact_body(event.body) if event.body else event.body,
         )
     if isinstance(event, Upstream) and event.headers:

@@ -4,8 +4,15 @@ The schema version lives in `PRAGMA user_version`. `MIGRATIONS[i]` takes a datab
 version `i` to `i + 1`; each is a plain function of a `sqlite3.Connection` that runs inside
 the transaction `migrate` opens, so a migration and its version bump commit together or not
 at all. Version 1 creates the tables; version 2 adds the indexes that filtered, time-ordered
-listing needs (`journal.query`) and the `bodies` column (`journal.bodies`). Add a migration
-by appending a function; never edit one that has shipped.
+listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); version 3 adds
+`client_id`. Add a migration by appending a function; never edit one that has shipped.
+
+Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
+every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
+(`x-request-id` or another configured header), which the gateway echoes, is `client_id`: not
+unique (a client may reuse one) and NULL when the client sent none. Rows written before v3 were
+keyed by the echoed id itself; the migration copies it into `client_id`, so a lookup by the id
+a client was given works for old and new rows alike.
 
 Two tables: `events` (the ground truth, one row per event, payload as JSON) and `requests`
 (one summary row per request, folded from its events by `journal.summary`, kept for listing
@@ -85,7 +92,13 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE requests ADD COLUMN bodies TEXT DEFAULT 'full'")
 
 
-MIGRATIONS: list[Migration] = [_v1, _v2]
+def _v3(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE requests ADD COLUMN client_id TEXT")
+    conn.execute("UPDATE requests SET client_id = id")
+    conn.execute("CREATE INDEX requests_client_id ON requests (client_id)")
+
+
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 REQUEST_COLUMNS: tuple[str, ...] = (
@@ -112,11 +125,15 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "has_tool_use",
     "has_thinking",
     "bodies",
+    "client_id",
 )
 """The columns of `requests`, in table order."""
 
 FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking")
 """0/1 columns that only ever go from 0 to 1."""
+
+QUERIED_COLUMNS: tuple[str, ...] = ("client_id",)
+"""Columns added after v1 that `journal.query` may name: a reader of an older file supplies them as NULL."""
 
 
 class SchemaTooNew(RuntimeError):

@@ -19,6 +19,9 @@ from typing import Any
 
 PERCENTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 
+# A failed request: an error status, or an error after a stream had started (its status is
+# the 200 the client got before the SSE `error` event). The same rule as the query's `has:error`.
+_FAILED = "(IFNULL(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)"
 # Requests that produced output at a measurable rate.
 _RATED = "output_tokens IS NOT NULL AND duration_ms > 0"
 
@@ -31,16 +34,16 @@ def compute(
 ) -> dict[str, Any]:
     """Counts, breakdowns, latency percentiles and token throughput of the selected requests.
 
-    Keys: `requests`, `completed`, `in_flight`, `errors` (status >= 400), `first_ts`,
-    `last_ts`; `by_status_class`, `by_status`, `by_model`, `by_backend`, `error_codes`
-    (`error_code`, else `error_type`, of requests with status >= 400), `stop_reasons` (each a
+    Keys: `requests`, `completed`, `in_flight`, `errors` (status >= 400, or an error after
+    the stream started), `first_ts`, `last_ts`; `by_status_class`, `by_status`, `by_model`,
+    `by_backend`, `error_codes` (`error_code`, else `error_type`, of those errors), `stop_reasons` (each a
     {value: count} dict, largest first); `latency_ms` ({`duration`, `ttfe`} → {`count`,
     `mean`, `max`, `p50`, …}); `tokens` (`input`, `output`, `output_per_s`,
     `output_per_s_median`, `rated_requests`).
     """
     sel = _Selection(conn, where, params)
     total, completed, errors, first_ts, last_ts = sel.one(
-        "count(*), total(completed), total(status >= 400), min(ts), max(ts)"
+        f"count(*), total(completed), total({_FAILED}), min(ts), max(ts)"
     )
     out: dict[str, Any] = {
         "requests": int(total),
@@ -55,7 +58,7 @@ def compute(
         "by_status": {str(k): v for k, v in sel.counts("status", "status IS NOT NULL").items()},
         "by_model": sel.counts("model", "model IS NOT NULL"),
         "by_backend": sel.counts("backend", "backend IS NOT NULL"),
-        "error_codes": sel.counts("COALESCE(error_code, error_type, 'status ' || status)", "status >= 400"),
+        "error_codes": sel.counts("COALESCE(error_code, error_type, 'status ' || status)", _FAILED),
         "stop_reasons": sel.counts("stop_reason", "stop_reason IS NOT NULL"),
         "latency_ms": {
             "duration": sel.distribution("duration_ms", "duration_ms IS NOT NULL", percentiles),

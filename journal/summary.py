@@ -52,6 +52,8 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
         summary["method"] = event.method
         summary["path"] = event.path
         summary["tenant"] = event.tenant
+        if event.client_request_id is not None:
+            summary["client_id"] = event.client_request_id
         replay_of = _header(event.headers, REPLAY_HEADER)
         if replay_of:
             summary["replay_of"] = replay_of
@@ -145,7 +147,7 @@ def describe(event: Event) -> str:
         enc = "" if event.encoding == "utf-8" else f" ({event.encoding})"
         return f"{event.part} {size}B{enc} {_clip(repr(event.data or ''))}"
     if isinstance(event, Received):
-        size = len(event.body.encode()) if event.body else 0
+        size = len(event.body.encode("utf-8", "surrogatepass")) if event.body else 0
         tail = "".join(
             f" {k}={v}" for k, v in (("tenant", event.tenant), ("client", event.client)) if v
         )

@@ -27,6 +27,15 @@ Durability contract (WAL, `synchronous=NORMAL`):
 * `flush()` returns once everything appended before it is committed; `close()` drains the
   queue and commits before closing.
 
+When commits fail (a full disk, a lock held past `busy_timeout_ms`, an I/O error) serving
+goes on: the prepared batch is held and retried every `retry_interval_s` with what queued up
+meanwhile; at most `queue_size` prepared events are held (the oldest batches beyond that are
+given up) and, while failing, a full queue drops new events instead of blocking `append`.
+`problem` says why commits fail (None once one succeeds again; `/readiness` reports it), one
+log line marks the start of an incident and one its end, and `stats` counts what was written,
+held and dropped. An event that cannot be serialized, or a row SQLite refuses, is dropped
+alone; text UTF-8 cannot hold (lone surrogates) is stored escaped.
+
 Events are treated as immutable once appended: they are serialized later, by the writer
 thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
 upstream `head` events, MCP tokens in the `received` body and the validated summary); the
@@ -40,9 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -58,10 +69,19 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
-_LOCKED_ATTEMPTS = 3  # each waits up to the connection's busy timeout (5 s)
+# What SQLite refuses about one row, as opposed to the file (locked, full: OperationalError).
+_ROW_ERRORS = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+    sqlite3.ProgrammingError,
+    OverflowError,
+)
+_FINAL_ATTEMPTS = 3  # retries of what is still pending when the writer closes
+_STALL_S = 1.0  # a commit running longer than this counts as stalled: a full queue drops, not waits
 
 _INSERT_EVENT = "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
-_FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies"})
+_FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies", "client_id"})
 
 
 def _upsert_sql() -> str:
@@ -92,6 +112,8 @@ class Journal(Protocol):
     async def close(self) -> None: ...
     @property
     def stats(self) -> dict[str, int]: ...
+    @property
+    def problem(self) -> str | None: ...
 
 
 def _default(obj: Any) -> Any:
@@ -103,9 +125,44 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
+def clean_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: lone surrogates (Sanic decodes header bytes that are not
+    UTF-8 with `surrogateescape`) spelled as `\\udcXX` escapes; other text unchanged."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _cleaned(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(k) if isinstance(k, str) else k: _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cleaned(v) for v in value]
+    return value
+
+
 def encode(event: Event) -> bytes:
-    """The stored JSON payload of an event (already redacted by `append`)."""
-    return orjson.dumps(event.to_dict(), default=_default, option=orjson.OPT_NON_STR_KEYS)
+    """The stored JSON payload of an event (already redacted by `append`). Text that UTF-8
+    cannot hold (lone surrogates) is stored escaped rather than failing the event."""
+
+    payload = event.to_dict()
+    try:
+        return orjson.dumps(payload, default=_default, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        # Lone surrogates, or an integer past 64 bits (a client's JSON may hold one): the
+        # standard library writes big integers; the reader falls back to it too.
+        text = json.dumps(_cleaned(payload), default=_default, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8")
+
+
+_Rows = list[tuple[str, int, str, float, str]]
+_Params = list[tuple[Any, ...]]
 
 
 class JournalWriter:
@@ -120,19 +177,24 @@ class JournalWriter:
         bodies: str = "full",
         retention: tuple[float | None, int | None] | None = None,
         retention_interval_s: float = 60.0,
+        retry_interval_s: float = 1.0,
+        busy_timeout_ms: int = 5000,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
-        both None) keeps everything."""
+        both None) keeps everything. While commits fail, they are retried every
+        `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock."""
         if max_batch < 1 or queue_size < 1:
             raise ValueError("queue_size and max_batch must be positive")
-        if retention_interval_s <= 0:
-            raise ValueError("retention_interval_s must be positive")
+        if retention_interval_s <= 0 or retry_interval_s <= 0:
+            raise ValueError("retention_interval_s and retry_interval_s must be positive")
         self.path = os.fspath(path)
         self._bodies = BodyFilter(bodies)
         self._retention = retention if retention is not None and retention != (None, None) else None
         self._retention_interval = retention_interval_s
         self._retention_task: asyncio.Task[None] | None = None
+        self._retry_interval = retry_interval_s
+        self._busy_timeout_ms = int(busy_timeout_ms)
         self._requests_pruned = 0
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=queue_size)
         self._max_batch = max_batch
@@ -144,11 +206,24 @@ class JournalWriter:
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._summaries: dict[str, dict[str, Any]] = {}
+        # Prepared batches whose commit failed, retried with the next one (oldest first);
+        # at most `_max_pending` events, the oldest batches given up beyond that.
+        self._pending: list[tuple[_Rows, _Params]] = []
+        self._pending_events = 0
+        self._max_pending = queue_size
+        self._problem: str | None = None
+        self._incident_since = 0.0
+        self._incident_dropped = 0
+        self._commit_started: float | None = None
         self._events_written = 0
         self._events_dropped = 0
         self._batches = 0
         self._batches_failed = 0
         self._max_batch_seen = 0
+        self._incidents = 0
+        self._commit_us_last = 0
+        self._commit_us_max = 0
+        self._commit_us_total = 0
 
     async def start(self) -> None:
         """Open the file (creating and migrating it) and start the writer task."""
@@ -157,7 +232,11 @@ class JournalWriter:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-writer")
         try:
             self._conn = await self._in_thread(schema.connect, self.path)  # creates and migrates
+            await self._in_thread(self._conn.execute, f"PRAGMA busy_timeout={self._busy_timeout_ms}")
         except BaseException:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
             self._thread.shutdown(wait=False)
             self._thread = None
             raise
@@ -166,19 +245,36 @@ class JournalWriter:
             self._retention_task = asyncio.create_task(self._retain(), name=f"journal-retention:{self.path}")
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
-        """Queue one event, its secrets redacted. Waits only when the queue is full; dropped
-        after `close()`."""
+        """Queue one event, its secrets redacted. Waits only when the queue is full and the
+        writer is keeping up; while commits fail (or one has hung for a second) a full queue
+        drops the event instead, so serving never waits on a broken disk. Dropped after
+        `close()`."""
         if self._closed:
             self._events_dropped += 1
             return
-        item = (request_id, seq, redacted(event))
+        try:
+            item = (request_id, seq, redacted(event))
+        except Exception:
+            # Never store what could not be redacted; never fail the request over it.
+            self._events_dropped += 1
+            log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))
+            return
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
+            if self._stalled():
+                self._events_dropped += 1
+                self._incident_dropped += 1
+                return
             await self._queue.put(item)
 
+    def _stalled(self) -> bool:
+        started = self._commit_started
+        return self._problem is not None or (started is not None and time.monotonic() - started > _STALL_S)
+
     async def flush(self) -> None:
-        """Return once every event appended before this call is committed."""
+        """Return once every event appended before this call is committed (or, while commits
+        fail, has been tried once)."""
         task = self._task
         if task is None or task.done() or self._closed:
             return
@@ -200,6 +296,16 @@ class JournalWriter:
                 if not task.done():
                     await self._queue.put(_STOP)
                 await asyncio.wait({task})
+            if self._pending_events:
+                log.error(
+                    "journal: closing %s with %d events that could not be committed (%s); they are lost",
+                    self.path,
+                    self._pending_events,
+                    self._problem,
+                )
+                self._events_dropped += self._pending_events
+                self._pending.clear()
+                self._pending_events = 0
             if self._conn is not None:
                 await self._in_thread(self._conn.close)
                 self._conn = None
@@ -208,14 +314,28 @@ class JournalWriter:
                 self._thread = None
 
     @property
+    def problem(self) -> str | None:
+        """Why commits are failing right now (None: they are not). `/readiness` reports it."""
+        return self._problem
+
+    @property
     def stats(self) -> dict[str, int]:
+        """Counters for a metrics layer: events written and dropped, batches committed and
+        failed, what waits in memory (`queue_depth`, `pending_events`: prepared but not yet
+        committed), commit latency in microseconds, incidents (runs of failing commits)."""
         return {
             "events_written": self._events_written,
             "batches": self._batches,
             "max_batch_seen": self._max_batch_seen,
             "queue_depth": self._queue.qsize(),
+            "pending_events": self._pending_events,
             "events_dropped": self._events_dropped,
             "batches_failed": self._batches_failed,
+            "incidents": self._incidents,
+            "failing": int(self._problem is not None),
+            "commit_us_last": self._commit_us_last,
+            "commit_us_max": self._commit_us_max,
+            "commit_us_total": self._commit_us_total,
             "requests_pruned": self._requests_pruned,
         }
 
@@ -254,102 +374,164 @@ class JournalWriter:
     async def _run(self) -> None:
         queue = self._queue
         stopping = False
+        final_attempts = 0
         while True:
-            if stopping:
-                if queue.empty():
-                    return
-                first = queue.get_nowait()
+            batch: list[Any] = []
+            limit = self._max_batch
+            if self._problem is not None:
+                # Failing: try again every retry interval with all that queued up meanwhile
+                # (the pending bound, not the batch size, limits what is held).
+                await asyncio.sleep(self._retry_interval)
+                limit = max(queue.qsize(), 1)
             else:
-                first = await queue.get()
-            batch = [first]
-            while len(batch) < self._max_batch:
+                batch.append(await queue.get())
+            while len(batch) < limit:
                 try:
                     batch.append(queue.get_nowait())
                 except asyncio.QueueEmpty:
                     break
             events: list[tuple[str, int, Event]] = []
             waiters: list[asyncio.Future[None]] = []
-            for item in batch:
-                if item is _STOP:
-                    stopping = True  # keep draining what is left, then return
-                elif isinstance(item, asyncio.Future):
-                    waiters.append(item)
-                else:
-                    events.append(item)
+            while batch:
+                for item in batch:
+                    if item is _STOP:
+                        stopping = True  # drain what is left, then return
+                    elif isinstance(item, asyncio.Future):
+                        waiters.append(item)
+                    else:
+                        events.append(item)
+                batch = []
+                while stopping and not queue.empty():  # the rest joins the final commit
+                    batch.append(queue.get_nowait())
             try:
-                if events:
+                if events or self._pending:
                     await self._in_thread(self._write, events)
-            except Exception:
-                self._batches_failed += 1
-                log.exception("journal: a batch of %d events could not be written", len(events))
+            except Exception as exc:
+                self._failed(exc)
+            else:
+                if self._problem is not None and not self._pending:
+                    self._recovered()
             finally:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+            if stopping:
+                if not self._pending or final_attempts >= _FINAL_ATTEMPTS:
+                    return
+                final_attempts += 1  # closing while failing: a few more tries, then give up
+
+    def _failed(self, exc: Exception) -> None:
+        self._batches_failed += 1
+        if self._problem is None:
+            self._problem = f"{type(exc).__name__}: {exc}"
+            self._incidents += 1
+            self._incident_since = time.monotonic()
+            self._incident_dropped = 0
+            # One line per incident, not per batch: a full disk fails every attempt.
+            log.error(
+                "journal: cannot commit to %s (%s); serving continues, up to %d events are held in memory"
+                " and retried every %.1fs, events beyond that are dropped",
+                self.path,
+                self._problem,
+                self._max_pending + self._queue.maxsize,
+                self._retry_interval,
+            )
+
+    def _recovered(self) -> None:
+        log.warning(
+            "journal: commits to %s resumed after %.1fs; %d events were dropped during the incident",
+            self.path,
+            time.monotonic() - self._incident_since,
+            self._incident_dropped,
+        )
+        self._problem = None
 
     def _write(self, events: list[tuple[str, int, Event]]) -> None:
-        """One batch, in the writer thread: capture, serialize, fold summaries, one transaction."""
-        rows: list[tuple[str, int, str, float, str]] = []
+        """One batch, in the writer thread: prepare it, then commit it with whatever earlier
+        batches failed to commit. Raises when the commit fails (the batches stay pending)."""
+        prepared = self._prepare(events)
+        if prepared is not None:
+            self._pending.append(prepared)
+            self._pending_events += len(prepared[0])
+            self._bound_pending()
+        if not self._pending:
+            return
+        rows = [row for batch_rows, _ in self._pending for row in batch_rows]
+        requests = [params for _, batch_params in self._pending for params in batch_params]
+        conn = self._conn
+        assert conn is not None
+        started = self._commit_started = time.monotonic()
+        try:
+            rows = self._transaction(conn, rows, requests)
+        finally:
+            self._commit_started = None
+        elapsed_us = int((time.monotonic() - started) * 1e6)
+        self._commit_us_last = elapsed_us
+        self._commit_us_max = max(self._commit_us_max, elapsed_us)
+        self._commit_us_total += elapsed_us
+        self._pending.clear()
+        self._pending_events = 0
+        self._events_written += len(rows)
+        self._batches += 1
+        self._max_batch_seen = max(self._max_batch_seen, len(rows))
+
+    def _bound_pending(self) -> None:
+        while self._pending_events > self._max_pending and len(self._pending) > 1:
+            rows, _ = self._pending.pop(0)
+            self._pending_events -= len(rows)
+            self._events_dropped += len(rows)
+            self._incident_dropped += len(rows)
+
+    def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params] | None:
+        """Capture, serialize and fold each event; an event that cannot be is dropped alone."""
+        rows: _Rows = []
         touched: dict[str, dict[str, Any]] = {}
         finished: list[str] = []
         body_filter = self._bodies
         for request_id, seq, event in events:
             try:
+                request_id = clean_text(request_id)
                 event = body_filter(request_id, event)
                 data = encode(event).decode()
+                row = self._summaries.get(request_id)
+                if row is None:
+                    row = {"bodies": body_filter.mode}
+                summary.apply(row, request_id, event)
             except Exception:
                 self._events_dropped += 1
                 log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)
                 continue
-            rows.append((request_id, seq, event.kind, float(event.t), data))
-            row = self._summaries.get(request_id)
-            if row is None:
-                row = self._summaries[request_id] = {"bodies": body_filter.mode}
-            summary.apply(row, request_id, event)
+            self._summaries[request_id] = row
+            rows.append((request_id, int(seq), event.kind, float(event.t), data))
             touched[request_id] = row
             if row.get("completed"):
                 finished.append(request_id)
         if not rows:
-            return
+            return None
         requests = [_request_params(row) for row in touched.values()]
         for request_id in finished:
             self._summaries.pop(request_id, None)
         self._evict()
+        return rows, requests
 
-        conn = self._conn
-        assert conn is not None
-        for attempt in range(1, _LOCKED_ATTEMPTS + 1):
-            try:
-                rows = self._transaction(conn, rows, requests)
-                break
-            except sqlite3.OperationalError as exc:
-                # Another process (`smg journal prune`, a migration) held the file past the
-                # busy timeout: try again rather than lose the batch.
-                if attempt == _LOCKED_ATTEMPTS or "locked" not in str(exc):
-                    raise
-                log.warning("journal: %s; retrying a batch of %d events", exc, len(rows))
-        self._events_written += len(rows)
-        self._batches += 1
-        self._max_batch_seen = max(self._max_batch_seen, len(rows))
+    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params) -> _Rows:
+        """Insert the events and upsert the summary rows in one transaction; the rows written.
 
-    def _transaction(
-        self,
-        conn: sqlite3.Connection,
-        rows: list[tuple[str, int, str, float, str]],
-        requests: list[tuple[Any, ...]],
-    ) -> list[tuple[str, int, str, float, str]]:
-        """Insert the events and upsert the summary rows in one transaction; the rows written."""
+        A row SQLite refuses (a duplicate event, a value it cannot bind) costs itself only:
+        the batch is retried row by row without it. Failures of the file itself (locked,
+        full, I/O) raise, and the caller keeps the batch for a later attempt.
+        """
         conn.execute("BEGIN")
         try:
             try:
                 conn.executemany(_INSERT_EVENT, rows)
-            except sqlite3.IntegrityError:
-                # A duplicate (request_id, seq) is a caller bug; it must not cost the rest
-                # of the batch. Rare, so the slow row-by-row path is fine.
+                conn.executemany(_UPSERT_REQUEST, requests)
+            except _ROW_ERRORS:
+                # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN")
-                rows = self._insert_one_by_one(conn, rows)
-            conn.executemany(_UPSERT_REQUEST, requests)
+                rows = self._one_by_one(conn, _INSERT_EVENT, rows)
+                self._one_by_one(conn, _UPSERT_REQUEST, requests)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -357,17 +539,17 @@ class JournalWriter:
             raise
         return rows
 
-    def _insert_one_by_one(
-        self, conn: sqlite3.Connection, rows: list[tuple[str, int, str, float, str]]
-    ) -> list[tuple[str, int, str, float, str]]:
+    def _one_by_one(self, conn: sqlite3.Connection, sql: str, rows: list[Any]) -> list[Any]:
         kept = []
         for row in rows:
             try:
-                conn.execute(_INSERT_EVENT, row)
+                conn.execute(sql, row)
                 kept.append(row)
-            except sqlite3.IntegrityError:
-                self._events_dropped += 1
-                log.error("journal: duplicate event %s #%d (%s) dropped", row[0], row[1], row[2])
+            except _ROW_ERRORS as exc:
+                what = "event" if sql is _INSERT_EVENT else "summary row"
+                if sql is _INSERT_EVENT:
+                    self._events_dropped += 1
+                log.error("journal: %s %s #%s dropped: %s", what, row[0], row[1], exc)
         return kept
 
     def _evict(self) -> None:
@@ -380,7 +562,20 @@ class JournalWriter:
 
 
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col) for col in schema.REQUEST_COLUMNS)
+    values = (row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col) for col in schema.REQUEST_COLUMNS)
+    return tuple(_sql_value(v) for v in values)
+
+
+def _sql_value(value: Any) -> Any:
+    """A summary value SQLite can bind: what an upstream body put there (a usage count past
+    64 bits, a stop reason that is an object) must not fail the batch."""
+    if value is None or isinstance(value, float):
+        return value
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, int):
+        return int(value) if -(1 << 63) <= value < (1 << 63) else None
+    return clean_text(orjson.dumps(value, default=_default).decode()) if isinstance(value, dict | list) else None
 
 
 class NullJournal:
@@ -396,6 +591,10 @@ class NullJournal:
         return None
 
     async def close(self) -> None:
+        return None
+
+    @property
+    def problem(self) -> str | None:
         return None
 
     @property

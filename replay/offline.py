@@ -72,7 +72,10 @@ def _first(events: Sequence[Event], kind: type[Event]) -> Any:
 
 def _request_id(events: Sequence[Event]) -> str:
     received = _first(events, Received)
-    return received.request_id if received is not None and received.request_id else "this request"
+    if received is None or not received.request_id:
+        return "this request"
+    client = received.client_request_id
+    return f"{received.request_id} ({client})" if client and client != received.request_id else received.request_id
 
 
 def _not_generated(events: Sequence[Event]) -> NotReplayable:

@@ -37,7 +37,7 @@ from journal.writer import JournalWriter
 from replay.diff import Difference, deterministic, diff, from_http
 from smg.projection import reconstruct
 from smg.protocol import codec
-from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.errors import ApiError, describe_exception, error_from_upstream
 from smg.protocol.headers import is_forwarded
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
@@ -200,6 +200,8 @@ async def replay_to(
             await emit(validated)
         await emit(Routed(backend="replay", worker=url, model=_model_of(body)))
         failed = await _exchange(result, received.method, target, body, sent_headers, url, emit, timeout)
+        if result.status is not None and result.status >= 400:
+            await emit(_target_error(result))
         usage = UsageReader()
         if result.streamed:
             usage.chunk(result.body.decode("utf-8", "replace") + "\n\n")
@@ -226,6 +228,23 @@ async def replay_to(
             original, from_http(result.status, result.headers, result.body), text=result.text_compared, exact=exact
         )
     return result
+
+
+def _target_error(result: RemoteResult) -> Error:
+    """The target's error answer as an `error` event, so that the replay's summary row has
+    its error type and the gateway's machine code (`x-smg-error-code`) like the original's."""
+    assert result.status is not None
+    err = error_from_upstream(result.status, result.body, result.headers)
+    if result.streamed or not err.error_type:  # an SSE error frame names its type
+        outcome = from_http(result.status, result.headers, result.body)
+        err.error_type = outcome.error_type or err.error_type
+    return Error(
+        stage="target",
+        status=result.status,
+        error_type=err.type,
+        message=err.message,
+        code=result.headers.get("x-smg-error-code"),
+    )
 
 
 def _json_or_none(body: str | None) -> Any:

@@ -57,10 +57,14 @@ Action = Whole | Head | Send | End
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
 
+def _json_headers(request_id: str) -> dict[str, str]:
+    # Anthropic SDKs read `request-id` (`APIStatusError.request_id`), others `x-request-id`.
+    return {"content-type": "application/json", "x-request-id": request_id, "request-id": request_id}
+
+
 def error_response(request_id: str, error: Error) -> Whole:
     body = orjson.dumps(envelope(error.error_type, error.message, request_id))
-    headers = {**error.headers, "content-type": "application/json", "x-request-id": request_id}
-    return Whole(error.status, headers, body)
+    return Whole(error.status, {**error.headers, **_json_headers(request_id)}, body)
 
 
 class Projection:
@@ -77,6 +81,9 @@ class Projection:
         self._error_body: list[bytes] = []
         self._message: dict[str, Any] | None = None
         self._content = BlockFold()
+        # The error envelope made from an upstream's error answer, for the journal to record
+        # as an `error` event (a projection that is done ignores it on a rebuild).
+        self.relayed_error: Error | None = None
 
     def feed(self, event: Event) -> list[Action]:
         if self.done:
@@ -93,7 +100,7 @@ class Projection:
             self.done = True
             self.status = 200
             body = orjson.dumps({"input_tokens": event.input_tokens})
-            return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
+            return [Whole(200, _json_headers(self.request_id), body)]
         return []
 
     def finish(self) -> list[Action]:
@@ -137,6 +144,8 @@ class Projection:
     def _success_headers(self, head: Upstream) -> dict[str, str]:
         headers = dict(head.headers or {})
         headers["x-request-id"] = self.request_id
+        if not any(k.lower() == "request-id" for k in headers):  # an upstream's own wins
+            headers["request-id"] = self.request_id
         if head.worker:
             headers["x-smg-routed-worker-id"] = head.worker
         return headers
@@ -145,9 +154,11 @@ class Projection:
         head = self._head
         assert head is not None and head.status is not None
         err = error_from_upstream(head.status, b"".join(self._error_body), head.headers)
-        return self._error(
-            Error(stage="upstream", status=err.status, error_type=err.type, message=err.message, headers=err.headers)
+        error = Error(
+            stage="upstream", status=err.status, error_type=err.type, message=err.message, headers=err.headers
         )
+        self.relayed_error = error
+        return self._error(error)
 
     # engine backends
 
@@ -171,7 +182,7 @@ class Projection:
             self.done = True
             self.status = 200
             body = orjson.dumps(self._message)
-            return [Whole(200, {"content-type": "application/json", "x-request-id": self.request_id}, body)]
+            return [Whole(200, _json_headers(self.request_id), body)]
         else:
             self._content.feed(payload)
         return []
@@ -179,7 +190,7 @@ class Projection:
     def _open(self) -> list[Action]:
         self.started = True
         self.status = 200
-        return [Head(200, {**SSE_HEADERS, "x-request-id": self.request_id})]
+        return [Head(200, {**SSE_HEADERS, "x-request-id": self.request_id, "request-id": self.request_id})]
 
     # failures
 
@@ -213,7 +224,7 @@ class Reconstructed:
 def reconstruct(events: Iterable[Event]) -> Reconstructed:
     """Replay a journaled request's events through the projection: the response as sent."""
     events = list(events)
-    request_id = next((e.request_id for e in events if isinstance(e, Received)), "")
+    request_id = next((e.echoed_id for e in events if isinstance(e, Received)), "")
     stream = next((e.stream for e in events if isinstance(e, Validated)), False)
     projection = Projection(request_id, stream)
     out = Reconstructed(status=None)

@@ -51,7 +51,7 @@ def list_cells(row: dict[str, Any]) -> list[Any]:
     """The request list's cells for one summary row, in `LIST_COLUMNS` order."""
     return [
         Stamp(row.get("ts")),
-        Text(str(row["id"])),
+        _id_text(row),
         Text(row.get("model") or ""),
         Text(row.get("backend") or ""),
         status_text(row),
@@ -61,6 +61,15 @@ def list_cells(row: dict[str, Any]) -> list[Any]:
         Text(ms(row.get("ttfe_ms")), justify="right"),
         Text(ms(row.get("duration_ms")), justify="right"),
     ]
+
+
+def _id_text(row: dict[str, Any]) -> Text:
+    """The gateway's id, and the client's when it sent another."""
+    text = Text(str(row["id"]))
+    client = row.get("client_id")
+    if client and client != row["id"]:
+        text.append(f" {client}", style="dim")
+    return text
 
 
 def status_text(row: dict[str, Any]) -> Text:
@@ -75,6 +84,7 @@ def header(row: dict[str, Any]) -> Text:
     """The detail view's one-line summary of a request."""
     parts: list[Any] = [
         (str(row["id"]), "bold"),
+        *([f"  client id {row['client_id']}"] if row.get("client_id") not in (None, row["id"]) else []),
         f"  {clock(row.get('ts'), full=True)}  ",
         f"{row.get('method') or ''} {row.get('path') or ''}  status ",
         status_text(row),
@@ -153,9 +163,13 @@ def body_view(text: str, content_type: str) -> RenderableType:
     if len(text) > MAX_PRETTY or "json" not in content_type:
         return _clipped(text)
     try:
-        json.loads(text)
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
         return _clipped(text)
+    try:  # a lone surrogate escape decodes to a character no terminal prints: keep it escaped
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return JSON(text, indent=2, ensure_ascii=True)
     return JSON(text, indent=2)
 
 

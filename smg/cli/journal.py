@@ -120,6 +120,7 @@ def ls(
 def _cells(row: dict[str, Any]) -> dict[str, str]:
     return {
         "id": row["id"],
+        "client id": row["client_id"] if row["client_id"] not in (None, row["id"]) else "",
         "time": _clock(row["ts"]),
         "request": f"{row['method'] or ''} {row['path'] or ''}".strip(),
         "model": row["model"] or "",
@@ -136,7 +137,9 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
 
 @journal_app.command("show")
 def show(
-    request_id: Annotated[str, typer.Argument(help="Request id, or a unique prefix of one.")],
+    request_id: Annotated[
+        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
+    ],
     journal: JournalOpt = DEFAULT_PATH,
     as_json: JsonOpt = False,
 ) -> None:
@@ -153,6 +156,7 @@ def show(
         Panel(
             Text.assemble(
                 (row["id"], "bold"),
+                *([f"  client id {row['client_id']}"] if row["client_id"] not in (None, row["id"]) else []),
                 f"  {_clock(row['ts'], full=True)}  status {_status(row)}",
                 f"  model {row['model'] or '-'}  backend {row['backend'] or '-'}",
                 f"  worker {row['worker'] or '-'}",
@@ -257,6 +261,8 @@ def _tail_line(row: dict[str, Any]) -> Text:
     extra = [f"{k}={cells[k]}" for k in ("backend", "stop", "code", "in/out") if cells[k]]
     line.append(" ".join(extra) + " ", "dim")
     line.append(row["id"], "bold")
+    if row["client_id"] not in (None, row["id"]):
+        line.append(f" ({row['client_id']})")
     return line
 
 
@@ -268,7 +274,9 @@ class ExportFormat(enum.StrEnum):
 
 @journal_app.command("export")
 def export(
-    request_id: Annotated[str, typer.Argument(help="Request id, or a unique prefix of one.")],
+    request_id: Annotated[
+        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
+    ],
     journal: JournalOpt = DEFAULT_PATH,
     fmt: Annotated[
         ExportFormat,
@@ -448,12 +456,12 @@ def _num(value: float | None) -> str:
 
 # ls columns, most important first; on a narrow terminal the tail is dropped, not squeezed.
 _LS_COLUMNS = (
-    "id", "status", "request", "model", "duration", "code", "stop", "in/out", "ttfe",
+    "id", "status", "request", "model", "duration", "code", "stop", "in/out", "client id", "ttfe",
     "time", "backend", "worker",
 )  # fmt: skip
 _RIGHT = frozenset({"status", "in/out", "ttfe", "duration"})
 _ORDER = (
-    "id", "time", "request", "model", "backend", "worker", "status", "code", "stop",
+    "id", "client id", "time", "request", "model", "backend", "worker", "status", "code", "stop",
     "in/out", "ttfe", "duration",
 )  # fmt: skip
 
@@ -566,11 +574,21 @@ def _response_view(status: int | None, headers: dict[str, str], body: bytes) -> 
 def _body(text: str, content_type: str) -> Any:
     if "json" in content_type:
         try:
-            json.loads(text)
-        except ValueError:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
             return Text(text)
-        return JSON(text)
+        # A lone surrogate escape (`"\\ud800"`) is valid JSON but no terminal can print the
+        # character it decodes to: keep such strings escaped.
+        return JSON(text, ensure_ascii=not _printable(value))
     return Text(text)
+
+
+def _printable(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _clock(ts: float | None, full: bool = False) -> str:

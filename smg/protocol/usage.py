@@ -16,12 +16,26 @@ _MAX_PENDING = 1 << 16  # a frame longer than this carries no usage worth the me
 
 
 class UsageReader:
-    __slots__ = ("usage", "stop_reason", "_pending")
+    __slots__ = ("usage", "stop_reason", "_pending", "_final", "_generated")
 
     def __init__(self) -> None:
         self.usage: dict[str, Any] = {}
         self.stop_reason: str | None = None
         self._pending = ""
+        self._final = False  # a message_delta (or a whole message) gave the final usage
+        self._generated = 0
+
+    def generated(self, completion_tokens: int) -> None:
+        """The engine's running count of output tokens (gRPC `tokens` events)."""
+        self._generated = max(self._generated, completion_tokens)
+
+    def final_usage(self) -> dict[str, Any]:
+        """The usage to record: the response's own final usage when it got that far; for a
+        stream cut before its `message_delta` (a client gone, a failure), what `message_start`
+        said with the output tokens the engine had produced by then."""
+        if self._final or not self._generated:
+            return self.usage
+        return {**self.usage, "output_tokens": max(int(self.usage.get("output_tokens") or 0), self._generated)}
 
     def body(self, text: str) -> None:
         """A whole non-streaming message."""
@@ -30,6 +44,7 @@ class UsageReader:
         except orjson.JSONDecodeError:
             return
         if isinstance(data, dict):
+            self._final = True
             self._take(data.get("usage"), data.get("stop_reason"))
 
     def chunk(self, text: str) -> None:
@@ -56,6 +71,7 @@ class UsageReader:
         if data.get("type") == "message_start" and isinstance(data.get("message"), dict):
             self._take(data["message"].get("usage"), None)
         elif data.get("type") == "message_delta":
+            self._final = True
             delta = data.get("delta")
             self._take(data.get("usage"), delta.get("stop_reason") if isinstance(delta, dict) else None)
 

@@ -21,7 +21,7 @@ from smg.server import messages, tokenizers, workers
 from smg.server.auth import check_bearer
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
-from smg.server.request_id import resolve_request_id
+from smg.server.request_id import resolve_request_ids
 from smg.server.state import Gateway
 
 log = logging.getLogger("smg.server")
@@ -38,7 +38,29 @@ def _ensure_context(request: Any) -> None:
     for name, value in request.headers.items():
         ctx.headers.setdefault(name.lower(), value)
     gateway: Gateway = request.app.ctx.gateway
-    ctx.request_id = resolve_request_id(request.path, ctx.headers, gateway.config.request_id_headers)
+    ids = resolve_request_ids(request.path, ctx.headers, gateway.config.request_id_headers)
+    ctx.request_id = ids.echoed  # what the client is told
+    ctx.journal_id = ids.key  # what the journal files the request under
+    ctx.client_request_id = ids.client
+
+
+def _parsed(request: Any) -> Any:
+    """The request as the client sent it. When Sanic refuses a request while reading its head
+    (a bad Content-Length, an unknown Expect), it hands the error handler a stand-in without
+    headers (method `NONE`); the request it had parsed by then is `Request._current`, unless
+    the failure came before the headers were read (that one is still the connection's previous
+    request, which has been through the middleware and so has its ids already)."""
+    if request.method != "NONE":
+        return request
+    current = type(request)._current.get(None)
+    if (
+        current is None
+        or current is request
+        or current.transport is not request.transport
+        or getattr(current.ctx, "request_id", None)
+    ):
+        return request
+    return current
 
 
 def _to_http(whole: Whole) -> HTTPResponse:
@@ -194,16 +216,21 @@ def build_app(
 
     @app.get("/readiness", name="readiness")
     async def _readiness(request: Any) -> HTTPResponse:
-        router = request.app.ctx.gateway.router
+        gateway: Gateway = request.app.ctx.gateway
+        router = gateway.router
         all_workers = router.registry.all()
         healthy = sum(w.healthy for w in all_workers)
-        reason = router.not_ready_reason()
+        # A journal that cannot commit does not stop serving, but it is not a healthy gateway:
+        # say so, with why, so an operator sees it before the held events are dropped.
+        problem = gateway.journal.problem
+        reason = f"journal: {problem}" if problem is not None else router.not_ready_reason()
         if reason is None:
             return json_response({"status": "ready", "healthy_workers": healthy, "total_workers": len(all_workers)})
         return json_response({"status": "not ready", "reason": reason}, status=503)
 
     @app.exception(SanicException)
     async def _sanic_error(request: Any, exc: SanicException) -> HTTPResponse:
+        request = _parsed(request)  # journaled under the client's request id, with its headers
         _ensure_context(request)
         status = int(getattr(exc, "status_code", 500) or 500)
         if request.path.startswith("/v1/messages") or "anthropic-version" in request.ctx.headers:

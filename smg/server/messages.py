@@ -14,7 +14,8 @@ import time
 from contextlib import aclosing
 from typing import Any
 
-from journal.events import Block, Completed, Error, Received, Rejected, Upstream, Validated
+from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
+from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
 from smg.projection import Projection, Whole, error_response
@@ -81,14 +82,30 @@ def _summary(call: Call) -> dict[str, Any]:
     return out
 
 
+def _authorized(gateway: Gateway, headers: dict[str, str]) -> bool:
+    try:
+        check_bearer(gateway.config.api_key, headers)
+    except ApiError:
+        return False
+    return True
+
+
 def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
-    """The first event of every request (the journal redacts its secrets as it queues it)."""
+    """The first event of every request (the journal redacts its secrets as it queues it).
+
+    A request without the gateway key is journaled without its body and with only a few
+    headers, clipped: anyone who can reach the port must not be able to fill the disk.
+    """
     headers: dict[str, str] = request.ctx.headers
+    query: str = request.query_string
+    if not _authorized(gateway, headers):
+        headers, query, body = minimal_headers(headers), query[:MINIMAL_VALUE_CHARS], b""
     return Received(
-        request_id=request.ctx.request_id,
+        request_id=request.ctx.journal_id,
+        client_request_id=request.ctx.client_request_id,
         method=request.method,
         path=request.path,
-        query=request.query_string,
+        query=query,
         headers=headers,
         body=body.decode("utf-8", errors="replace") if body else None,
         client=request.ip or None,
@@ -101,7 +118,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
     headers: dict[str, str] = request.ctx.headers
-    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    flow = Flow(request.ctx.journal_id, gateway.journal, t0=request.ctx.t0)
     responder = Responder(request)
     projection = Projection(rid)
     body: bytes = request.body or b""
@@ -122,6 +139,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                     _observe(outcome, event)
                     await responder.run(projection.feed(event))
             await responder.run(projection.finish())
+            if projection.relayed_error is not None:  # what the client was told, for the summary row
+                await flow.emit(projection.relayed_error)
             if not responder.responded:
                 raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")
         except ApiError as err:
@@ -144,7 +163,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 duration_ms=round(flow.elapsed() * 1000, 3),
                 bytes_sent=responder.bytes_sent,
                 disconnected=disconnected,
-                usage=outcome.usage or None,
+                usage=outcome.final_usage() or None,
                 stop_reason=outcome.stop_reason,
             )
         )
@@ -159,6 +178,8 @@ def _observe(outcome: UsageReader, event: object) -> None:
             outcome.body(event.data)
     elif isinstance(event, Block):
         outcome.event(event.event)
+    elif isinstance(event, Tokens):
+        outcome.generated(event.completion_tokens if event.completion_tokens is not None else 0)
 
 
 def error_event(err: ApiError, stage: str = "admission") -> Error:
@@ -190,7 +211,7 @@ async def refuse(request: Any, err: ApiError) -> Whole:
     returned response."""
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
-    flow = Flow(rid, gateway.journal, t0=request.ctx.t0)
+    flow = Flow(request.ctx.journal_id, gateway.journal, t0=request.ctx.t0)
     await flow.emit(_received(request, gateway, b""))
     await flow.emit(_rejected(err))
     error = error_event(err)

@@ -21,7 +21,7 @@ def test_ls_json_lists_real_requests(client: httpx.Client, scripted: Scripted, j
     wait_for_events(journal_path, "cli-ls-bad")
     result = runner.invoke(app, ["journal", "ls", "--journal", str(journal_path), "--json", "--limit", "500"])
     assert result.exit_code == 0, result.output
-    rows = {row["id"]: row for row in json.loads(result.output)}
+    rows = {row["client_id"]: row for row in json.loads(result.output)}
     assert rows["cli-ls-ok"]["status"] == 200 and rows["cli-ls-ok"]["model"] == MODEL
     assert rows["cli-ls-ok"]["backend"] == "http"
     assert rows["cli-ls-bad"]["status"] == 400 and rows["cli-ls-bad"]["error_type"] == "invalid_request_error"
@@ -57,6 +57,6 @@ def test_relayed_stream_usage_reaches_the_summary(client: httpx.Client, scripted
         r.read()
     wait_for_events(journal_path, "cli-usage-1")
     result = runner.invoke(app, ["journal", "ls", "--journal", str(journal_path), "--json", "--limit", "500"])
-    row = {row["id"]: row for row in json.loads(result.output)}["cli-usage-1"]
+    row = {row["client_id"]: row for row in json.loads(result.output)}["cli-usage-1"]
     assert row["stop_reason"] == "end_turn"
     assert row["output_tokens"] == 4 and row["input_tokens"] == 3  # "echo: for the cli"

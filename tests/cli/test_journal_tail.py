@@ -93,7 +93,7 @@ def test_tail_prints_matching_requests_as_they_complete(
     client.post("/v1/messages", json=BODY, headers={"x-request-id": "other-tail1"})
     client.post("/v1/messages", json={**BODY, "stream": True}, headers={"x-request-id": "tail1-b"})
     first, second = json.loads(tail.line()), json.loads(tail.line())
-    assert [first["id"], second["id"]] == ["tail1-a", "tail1-b"]
+    assert [first["client_id"], second["client_id"]] == ["tail1-a", "tail1-b"]
     assert first["status"] == 200 and first["completed"] is True and second["stream"] is True
     with JournalReader(journal_path) as reader:
         assert first == reader.get_request("tail1-a")
@@ -131,7 +131,7 @@ def test_tail_shows_a_stream_that_was_in_flight_when_it_started(
         scripted.release()
         thread.join(10)
     assert done and "message_stop" in done[0]
-    assert json.loads(tail.line())["id"] == "tail2-held"
+    assert json.loads(tail.line())["client_id"] == "tail2-held"
     assert tail.wait() == 0
 
 
@@ -174,7 +174,7 @@ def test_tail_waits_for_the_journal_to_appear(
         tail.following()
         httpx.post(f"{gateway.url}/v1/messages", json=BODY, headers={"x-request-id": "tail5-first"}, timeout=30)
         wait_for_events(journal, "tail5-first")
-        assert json.loads(tail.line())["id"] == "tail5-first"
+        assert json.loads(tail.line())["client_id"] == "tail5-first"
     assert tail.wait() == 0
 
 

@@ -265,7 +265,14 @@ def real_journal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             assert streamed.status_code == 200, streamed.text
             ids["grpc"] = streamed.headers["x-request-id"]
             ids["grpc_body"] = streamed.text
-        _wait_completed(path, 3)
+            for _ in range(2):  # a client that reuses its request id
+                reused = http.post(
+                    f"{relay.url}/v1/messages",
+                    json={"model": "scripted-model", "max_tokens": 16, "messages": user},
+                    headers={"x-request-id": "inspector-reused"},
+                )
+                assert reused.headers["x-request-id"] == "inspector-reused"
+        _wait_completed(path, 5)
         yield ids
     finally:
         for gateway in gateways:

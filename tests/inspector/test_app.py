@@ -379,11 +379,26 @@ async def test_q_quits(sample_journal: Path) -> None:
 async def test_real_traffic(real_journal: dict[str, Any]) -> None:
     path = real_journal["path"]
     with JournalReader(path) as reader:
-        assert reader.count() == 3
+        assert reader.count() == 5
+        reused = {r["id"] for r in reader.list_requests(query="client_id:inspector-reused")}
+    assert len(reused) == 2  # one row per request, each under the gateway's id
     app = InspectorApp(path, refresh_s=0)
     async with app.run_test(size=SIZE) as pilot:
         ids = ids_in(app)
-        assert set(ids) == {real_journal["relay"], real_journal["rejected"], real_journal["grpc"]}
+        assert set(ids) == {real_journal["relay"], real_journal["rejected"], real_journal["grpc"], *reused}
+
+        await pilot.press("/", *"id:inspector-reused", "enter")  # the client's id finds its requests
+        await pilot.pause()
+        assert set(ids_in(app)) == reused
+        await open_request(app, pilot, sorted(reused)[0])
+        await settle(app, pilot)
+        assert "client id inspector-reused" in static_text(app, "#detail-header")
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("/")
+        app.screen.query_one("#filter", Input).value = ""
+        await pilot.press("enter")
+        await pilot.pause()
 
         await pilot.press("/", *"backend:grpc", "enter")
         await pilot.pause()

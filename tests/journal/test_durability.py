@@ -149,7 +149,7 @@ def test_kill_9_under_load_loses_at_most_the_last_commit_window(tmp_path: Path) 
                     row["id"],
                     key,
                 )
-    lost = [rid for rid in load.completed if rid not in {r["id"] for r in rows if r["completed"]}]
+    lost = [rid for rid in load.completed if rid not in {r["client_id"] for r in rows if r["completed"]}]
     assert all(load.completed[rid] >= killed_at - COMMIT_WINDOW_S for rid in lost)
     oldest_lost = max((killed_at - load.completed[rid] for rid in lost), default=0.0)
     print(

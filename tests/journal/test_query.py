@@ -109,6 +109,7 @@ STRING_COLUMNS = {
     "code": "error_code",
     "type": "error_type",
     "stop": "stop_reason",
+    "client_id": "client_id",
 }
 NUMBER_COLUMNS = {
     "status": "status",
@@ -159,8 +160,9 @@ def term_matches(row: Row, field: str, op: str, value: str) -> bool:
             return False
         hit = glob_matches(value, actual) if "*" in value else actual == value
         return hit if op == "=" else not hit
-    if field == "id":
-        return glob_matches(value, v["id"]) if "*" in value else v["id"].startswith(value)
+    if field == "id":  # the gateway's id or the client's
+        ids = [i for i in (v["id"], v.get("client_id")) if i is not None]
+        return any(glob_matches(value, i) if "*" in value else i.startswith(value) for i in ids)
     if field in NUMBER_COLUMNS:
         actual = v.get(NUMBER_COLUMNS[field])
         if actual is None:
@@ -309,6 +311,7 @@ def rows(draw: st.DrawFn) -> list[Row]:
             "id": f"{prefix}{i}",
             "ts": None if age is None else NOW - age,
             "path": draw(maybe_word),
+            "client_id": draw(maybe_word),
             "tenant": draw(maybe_word),
             "model": draw(maybe_word),
             "backend": draw(maybe_word),

@@ -6,9 +6,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from journal.bodies import fingerprint
 from journal.events import Completed, Received, Upstream, Validated
 from journal.reader import JournalReader
-from journal.redact import redact_body, redact_headers, redact_value
+from journal.redact import minimal_headers, redact_body, redact_headers, redact_query, redact_value
 from journal.writer import JournalWriter
 
 
@@ -68,9 +69,13 @@ def test_redact_body_escaped_token_falls_back_to_reserializing() -> None:
 def test_redact_body_leaves_other_text_alone() -> None:
     plain = '{"model":"m","messages":[]}'
     assert redact_body(plain) is plain
-    assert redact_body("authorization_token but not json") == "authorization_token but not json"
-    weird = '{"authorization_token": "top-level is not an MCP server"}'
-    assert redact_body(weird) == weird
+    # Text that may hold a token but does not parse is never stored as it came.
+    assert redact_body("authorization_token but not json") == fingerprint("authorization_token but not json")
+    assert redact_body("no key here, not json") == "no key here, not json"
+    # The key is a secret wherever it is: a misplaced token is redacted too.
+    text = "top-level is not an MCP server"
+    misplaced = json.dumps({"authorization_token": text})
+    assert redact_body(misplaced) == misplaced.replace(f'"{text}"', f'"{marker(text)}"')
     assert redact_body('["authorization_token"]') == '["authorization_token"]'
 
 
@@ -134,3 +139,68 @@ async def test_no_secret_reaches_the_database_file(tmp_path: Path) -> None:
     assert validated.summary["mcp_servers"][0]["authorization_token"] == marker(secrets[2])
     assert isinstance(upstream, Upstream)
     assert upstream.headers == {"Set-Cookie": marker(secrets[3])}
+
+
+def test_a_token_key_spelled_with_a_json_escape_is_redacted() -> None:
+    body = '{"mcp_servers": [{"name": "a", "authorization\\u005ftoken": "tok-escaped"}], "messages": []}'
+    assert json.loads(body)["mcp_servers"][0]["authorization_token"] == "tok-escaped"
+    out = redact_body(body)
+    assert "tok-escaped" not in out
+    assert json.loads(out)["mcp_servers"][0]["authorization_token"] == marker("tok-escaped")
+
+
+def test_a_token_value_spelled_with_escapes_is_redacted() -> None:
+    body = '{"mcp_servers": [{"authorization_token": "tok\\u002dsecret"}], "note": "tok-other"}'
+    out = redact_body(body)
+    assert "tok\\u002dsecret" not in out and "tok-secret" not in out
+    assert json.loads(out)["mcp_servers"][0]["authorization_token"] == marker("tok-secret")
+
+
+def test_both_values_of_a_duplicated_token_key_are_redacted() -> None:
+    body = '{"mcp_servers": [{"authorization_token": "tok-first", "authorization_token": "tok-last"}]}'
+    out = redact_body(body)
+    assert "tok-first" not in out and "tok-last" not in out
+    assert json.loads(out)["mcp_servers"][0]["authorization_token"] == marker("tok-last")
+
+
+def test_a_token_that_is_not_a_string_is_redacted() -> None:
+    out = redact_body('{"mcp_servers": [{"authorization_token": {"bearer": "tok-nested"}}]}')
+    assert "tok-nested" not in out
+
+
+def test_a_body_that_does_not_parse_and_may_hold_a_token_is_fingerprinted() -> None:
+    broken = '{"mcp_servers": [{"authorization_token": "tok-broken"}'  # cut short
+    assert redact_body(broken) == fingerprint(broken)
+    deep = "[" * 100_000 + '{"authorization_token": "tok-deep"}'  # past the parser's recursion limit
+    assert "tok-deep" not in redact_body(deep)
+
+
+def test_query_secrets_are_redacted_and_the_rest_kept() -> None:
+    query = "key=sk-1&beta=true&api_key=sk-2&X-Access-Token=t%203&model=m&sig=abc&empty="
+    out = redact_query(query)
+    assert "sk-1" not in out and "sk-2" not in out and "t%203" not in out and "abc" not in out
+    assert out.startswith("key=[redacted%20sha256:") and "&beta=true&" in out and "&model=m&" in out
+    assert out.endswith("&empty=")
+    assert redact_query(out) == out
+    assert "t 3" not in out and marker("t 3").replace(" ", "%20") in out
+    assert redact_query("plain") == "plain" and redact_query("") == ""
+
+
+def test_a_request_refused_before_auth_keeps_only_a_few_headers_clipped() -> None:
+    headers = {"content-type": "application/json", "authorization": "Bearer x", "x-junk": "j" * 10_000,
+               "user-agent": "u" * 10_000}  # fmt: skip
+    kept = minimal_headers(headers)
+    assert set(kept) == {"content-type", "authorization", "user-agent"}
+    assert len(kept["user-agent"]) == 256 and kept["authorization"] == "Bearer x"
+
+
+async def test_the_query_string_is_redacted_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    await writer.append("q", 1, Received(method="POST", path="/v1/messages", query="key=sk-in-query&x=1"))
+    await writer.close()
+    assert b"sk-in-query" not in path.read_bytes()
+    with JournalReader(path) as reader:
+        received = reader.events("q")[0][1]
+    assert isinstance(received, Received) and received.query.endswith("&x=1")

@@ -15,8 +15,8 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 2
-        assert schema.schema_version(conn) == 2
+        assert schema.SCHEMA_VERSION == 3
+        assert schema.schema_version(conn) == 3
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -33,6 +33,7 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_replay_of",
             "requests_duration_ms",
             "requests_ttfe_ms",
+            "requests_client_id",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
@@ -57,8 +58,10 @@ def test_a_version_one_journal_is_migrated_with_its_rows(tmp_path: Path) -> None
 
     conn = schema.connect(path)
     try:
-        assert schema.schema_version(conn) == 2
-        assert conn.execute("SELECT id, model, status, bodies FROM requests").fetchall() == [("old", "m", 200, "full")]
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
+        assert conn.execute("SELECT id, model, status, bodies, client_id FROM requests").fetchall() == [
+            ("old", "m", 200, "full", "old")
+        ]
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1
     finally:
         conn.close()
@@ -72,8 +75,8 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
         await writer.close()
     conn = schema.connect(path)
     try:
-        assert schema.migrate(conn) == 2
-        assert schema.schema_version(conn) == 2
+        assert schema.migrate(conn) == schema.SCHEMA_VERSION
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
     finally:
         conn.close()
 
@@ -81,16 +84,16 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
 def test_migrations_apply_in_order_and_once(tmp_path: Path) -> None:
     calls: list[int] = []
 
-    def v3(conn: sqlite3.Connection) -> None:
-        calls.append(3)
+    def extra(conn: sqlite3.Connection) -> None:
+        calls.append(1)
         conn.execute("CREATE TABLE extra (x INTEGER)")
 
     conn = schema.connect(tmp_path / "j.db")
     try:
-        steps = [*schema.MIGRATIONS, v3]
-        assert schema.migrate(conn, steps) == 3
-        assert schema.migrate(conn, steps) == 3
-        assert calls == [3]
+        steps = [*schema.MIGRATIONS, extra]
+        assert schema.migrate(conn, steps) == len(steps)
+        assert schema.migrate(conn, steps) == len(steps)
+        assert calls == [1]
     finally:
         conn.close()
 
@@ -104,7 +107,7 @@ def test_a_failing_migration_leaves_the_version_alone(tmp_path: Path) -> None:
     try:
         with pytest.raises(RuntimeError):
             schema.migrate(conn, [*schema.MIGRATIONS, broken])
-        assert schema.schema_version(conn) == 2
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "half" not in names
     finally:
@@ -118,3 +121,40 @@ def test_a_newer_journal_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(schema.SchemaTooNew):
         schema.connect(path)
+
+
+async def test_a_version_two_journal_keyed_by_client_ids_reads_and_migrates(tmp_path: Path) -> None:
+    from journal.events import Completed, Received
+
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.apply_pragmas(conn)
+    schema.migrate(conn, schema.MIGRATIONS[:2])  # as smg wrote it before request ids were minted
+    received = '{"method":"POST","path":"/v1/messages","request_id":"client-7","headers":{},"ts":5.0}'
+    conn.execute("INSERT INTO events VALUES ('client-7', 1, 'received', 0.0, ?)", (received,))
+    conn.execute("INSERT INTO events VALUES ('client-7', 2, 'completed', 0.1, '{\"status\":200,\"duration_ms\":1}')")
+    conn.execute("INSERT INTO requests (id, ts, status, completed) VALUES ('client-7', 5.0, 200, 1)")
+    conn.close()
+
+    with JournalReader(path) as reader:  # read-only, as it is: no client_id column yet
+        row = reader.get_request("client-7")
+        assert row is not None and row["client_id"] is None and row["status"] == 200
+        assert [e.kind for _, e in reader.events("client-7")] == ["received", "completed"]
+        assert reader.count("id:client") == 1
+
+    writer = JournalWriter(path)  # a new gateway migrates it and writes minted ids beside
+    await writer.start()
+    await writer.append("msg_new", 1, Received(method="POST", path="/v1/messages", request_id="msg_new",
+                                               client_request_id="client-7", ts=6.0))  # fmt: skip
+    await writer.append("msg_new", 2, Completed(status=400, duration_ms=1.0))
+    await writer.close()
+
+    with JournalReader(path) as reader:
+        old = reader.get_request("client-7")  # the old row: its id is the client's
+        assert old is not None and old["id"] == "client-7" and old["client_id"] == "client-7"
+        assert reader.get_request("msg_new") is not None
+        assert {r["id"] for r in reader.list_requests(query="client_id:client-7")} == {"client-7", "msg_new"}
+        events = reader.events("client-7")  # events stored under the id itself are found first
+        assert [e.kind for _, e in events] == ["received", "completed"]
+        received_event = events[0][1]
+        assert isinstance(received_event, Received) and received_event.echoed_id == "client-7"

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from journal.reader import JournalReader
 from tests.conftest import wait_for_events
 from tools.engine_control import EngineControl
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
@@ -139,4 +140,5 @@ def traffic(replay_engine: Spawned, gateway: Spawned, replay_journal: Path) -> d
         ids["rejected"] = "rp-rejected"
     for rid in ids.values():
         wait_for_events(replay_journal, rid)
-    return ids
+    with JournalReader(replay_journal) as reader:  # the gateway's ids: what `replay_of` names
+        return {name: str(reader.get_request(rid)["id"]) for name, rid in ids.items()}  # type: ignore[index]

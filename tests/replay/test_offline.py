@@ -4,6 +4,7 @@ recorded blocks byte for byte, and a changed parser or tokenizer is caught by `-
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,8 @@ def test_cli_check_over_a_query(traffic: dict[str, str], replay_journal: Path, m
     result = runner.invoke(app, ["replay", "--offline", "id:rp-thinking-plain|rp-tool-plain", "--check", *journal])
     assert result.exit_code == 1, result.output
     assert "checked 2: 1 identical, 1 different" in result.output
-    assert "ok   rp-tool-plain" in result.output and "DIFF rp-thinking-plain" in result.output
+    assert re.search(r"ok   msg_\w+ \(rp-tool-plain\)", result.output), result.output
+    assert re.search(r"DIFF msg_\w+ \(rp-thinking-plain\)", result.output), result.output
     clean = runner.invoke(app, ["replay", "--offline", "id:rp-tool-* | id:rp-text-*", "--check", *journal])
     assert clean.exit_code == 0 and "checked 4: 4 identical, 0 different" in clean.output, clean.output
     bad = runner.invoke(app, ["replay", "--offline", "colour:blue", "--check", *journal])

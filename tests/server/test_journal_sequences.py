@@ -18,7 +18,9 @@ def test_success_sequence_and_reconstruction(client: httpx.Client, scripted: Scr
     events = wait_for_events(journal_path, "seq-ok-1")
     assert [e.kind for e in events] == ["received", "validated", "routed", "upstream", "upstream", "completed"]
     received, validated, routed, head, body, completed = events
-    assert isinstance(received, Received) and received.path == "/v1/messages" and received.request_id == "seq-ok-1"
+    assert isinstance(received, Received) and received.path == "/v1/messages"
+    assert received.client_request_id == "seq-ok-1"
+    assert received.request_id.startswith("msg_")  # the gateway's own id keys the journal
     assert received.headers["x-api-key"].startswith("[redacted sha256:")
     assert isinstance(validated, Validated) and validated.model == MODEL and validated.stream is False
     assert isinstance(routed, Routed) and routed.backend == "http" and routed.worker
@@ -31,6 +33,7 @@ def test_success_sequence_and_reconstruction(client: httpx.Client, scripted: Scr
     rebuilt = reconstruct(events)
     assert rebuilt.status == 200 and rebuilt.body == response.content
     assert rebuilt.headers["x-request-id"] == "seq-ok-1"
+    assert rebuilt.headers["request-id"] == response.headers["request-id"] == "seq-ok-1"
 
 
 def test_streamed_success_reconstructs_the_exact_sse(
@@ -73,7 +76,8 @@ def test_upstream_error_sequence(client: httpx.Client, scripted: Scripted, journ
     scripted.script({"status": 500, "body": "boom"})
     response = client.post("/v1/messages", json=BODY, headers={"x-request-id": "seq-500-1"})
     events = wait_for_events(journal_path, "seq-500-1")
-    assert [e.kind for e in events] == ["received", "validated", "routed", "upstream", "upstream", "completed"]
+    kinds = ["received", "validated", "routed", "upstream", "upstream", "error", "completed"]
+    assert [e.kind for e in events] == kinds  # the error the client was told, made from the upstream's
     assert reconstruct(events).body == response.content
 
 

@@ -1,0 +1,89 @@
+"""The writer when the file fails: a full disk, a lock held by another process, events that
+cannot be encoded. Serving must not wait, what is lost is bounded and counted, and the
+failure is visible (`problem`, `stats`, one log line per incident)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from journal.events import Completed, Received, Tokens
+from journal.reader import JournalReader
+from journal.writer import JournalWriter
+from tests.journal.test_writer import db_count, wait_until
+
+
+async def _fill_disk(writer: JournalWriter, pages: int) -> None:
+    # What a full disk looks like to SQLite: SQLITE_FULL on the next page it needs.
+    assert writer._conn is not None
+    await writer._in_thread(writer._conn.execute, f"PRAGMA max_page_count={pages}")
+
+
+def _page_count(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA page_count").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_a_full_disk_is_one_incident_and_serving_never_waits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, queue_size=200, retry_interval_s=0.05)
+    await writer.start()
+    await writer.append("before", 1, Received(method="POST", path="/v1/messages"))
+    await writer.flush()
+    await _fill_disk(writer, _page_count(path))
+    caplog.set_level(logging.WARNING, logger="journal.writer")
+    big = "x" * 20_000
+    appended = 0
+    for i in range(2_000):  # ten times what the queue holds: append must never block
+        await writer.append(f"r{i}", 1, Received(method="POST", path="/v1/messages", body=big))
+        appended += 1
+    await wait_until(lambda: writer.problem is not None)
+    assert "full" in (writer.problem or "")
+    stats = writer.stats
+    assert stats["failing"] == 1 and stats["incidents"] == 1 and stats["events_dropped"] > 0
+    held = stats["pending_events"] + stats["queue_depth"]
+    assert held <= 2 * 200  # bounded: the queue plus the pending batches
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "cannot commit" in errors[0].getMessage()  # not one per batch
+
+    await _fill_disk(writer, 1_000_000)  # space again
+    await wait_until(lambda: writer.problem is None)
+    await writer.append("after", 1, Completed(status=200, duration_ms=1.0))
+    await writer.close()
+    stats = writer.stats
+    assert stats["incidents"] == 1 and stats["failing"] == 0
+    assert stats["events_written"] + stats["events_dropped"] == appended + 2
+    assert db_count(path) == stats["events_written"]
+    assert any("resumed" in r.getMessage() for r in caplog.records)
+    with JournalReader(path) as reader:
+        assert reader.get_request("after") is not None and reader.get_request("before") is not None
+
+
+async def test_an_event_that_cannot_be_encoded_costs_only_itself(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    bad_id = "abc\udcff"  # a non-UTF-8 header byte, as Sanic decodes it
+    await writer.append("ok-1", 1, Received(method="POST", path="/v1/messages"))
+    await writer.append(
+        "bad", 1, Received(method="POST", path="/v1/messages\udcfe", headers={"x-request-id": bad_id})
+    )
+    await writer.append("bad", 2, Completed(status=401, duration_ms=1.0, usage={"output_tokens": 1 << 70}))
+    await writer.append("ok-2", 1, Tokens(ids=[1, 2]))
+    await writer.close()
+    assert writer.stats["events_dropped"] == 0
+    with JournalReader(path) as reader:
+        assert {r["id"] for r in reader.list_requests()} == {"ok-1", "bad", "ok-2"}
+        received = reader.events("bad")[0][1]
+        assert isinstance(received, Received)
+        assert received.headers["x-request-id"] == "abc\\udcff" and received.path == "/v1/messages\\udcfe"
+        row = reader.get_request("bad")
+        assert row is not None and row["path"] == "/v1/messages\\udcfe" and row["output_tokens"] is None
