@@ -141,11 +141,11 @@ def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
                     elif isinstance(event, Block) and open_ and scopes is not None:
                         kind = event.event.get("type")
                         if kind == "message_start" and isinstance(event.event.get("message"), dict):
-                            input_tokens = _usage(event.event["message"], "input_tokens")
+                            input_tokens = _usage(event.event["message"], "input_tokens") or input_tokens
                         elif kind == "message_delta" and (output := _usage(event.event, "output_tokens")) is not None:
                             # The final usage: settled before the client can see the response end,
                             # so its next request meets the trued-up budget.
-                            used_input = input_tokens if input_tokens is not None else reserved
+                            used_input = _usage(event.event, "input_tokens") or input_tokens or reserved
                             delta = used_input + output - reserved
                             await budgets.settle(scopes, delta)
                             yield Settled(
