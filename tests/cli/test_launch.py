@@ -45,6 +45,17 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
         (["--worker-urls", "http://127.0.0.1:1", "--model-alias", "nope"], "ALIAS=CANONICAL"),
         (["--worker-urls", "http://127.0.0.1:1", "--backend", "bogus"], "unknown --backend"),
         (["--worker-urls", "http://127.0.0.1:1", "--log-level", "loud"], "--log-level"),
+        (["--worker-urls", "http://127.0.0.1:1", "--rate-limit-tokens-per-second", "5"], "refilling admission"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-api-key", "nocolon"], "expected TENANT:KEY"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled"], "needs --tenant-rate-limit-config"),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled", "--tenant-rate-limit-config", "/no"],
+            "reading /no",
+        ),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--max-concurrent-requests", "2", "--queue-timeout-secs", "0"],
+            "--queue-timeout-secs must be > 0",
+        ),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
