@@ -14,7 +14,8 @@ import pytest
 
 from journal.events import Admission, Completed, Rejected, Settled
 from tests.admission.conftest import MODEL, QWEN3, events_until, new_id
-from tests.conftest import wait_for_events
+from tests.conftest import MODEL as RELAY_MODEL
+from tests.conftest import Scripted, wait_for_events
 from tools.engine_control import EngineControl
 from tools.spawn import Spawned, spawn_gateway
 
@@ -218,3 +219,18 @@ def test_gateways_sharing_a_state_file_and_a_restarted_one_draw_from_one_budget(
     finally:
         restarted.stop()
     assert len(engine_control.received()) == 1
+
+
+def test_relayed_requests_are_not_charged(worker: Spawned, scripted: Scripted, files: tuple[Path, Path]) -> None:
+    """As the reference: the budgets cover what the gateway generates itself, not an HTTP worker's answers."""
+    journal = files[0].parent / "relay-journal.db"
+    proc = spawn_gateway([worker.url], journal=journal, extra=_flags(*files)[2:])
+    try:
+        body = {"model": RELAY_MODEL, "max_tokens": 8, "messages": USER}
+        for _ in range(2):
+            rid = new_id()
+            answer = httpx.post(f"{proc.url}/v1/messages", json=body, headers={**key("tiny"), "x-request-id": rid})
+            assert answer.status_code == 200, answer.text
+            assert not _gates(wait_for_events(journal, rid))
+    finally:
+        proc.stop()
