@@ -119,14 +119,19 @@ def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
             reserved = 0
             open_ = False  # reserved and not yet settled
             input_tokens: int | None = None
+            routed: Routed | None = None  # held back until the budget admits the request
             async with aclosing(inner(call)) as events:
                 async for event in events:
-                    if isinstance(event, Routed):
-                        backend = event.backend
-                    elif isinstance(event, Rendered) and scopes is None and backend in _CHARGED_BACKENDS:
-                        yield event  # the engine has not been called yet: it waits for this
+                    if isinstance(event, Routed) and scopes is None and event.backend in _CHARGED_BACKENDS:
+                        backend, routed = event.backend, event
+                        continue
+                    if isinstance(event, Rendered) and scopes is None and backend in _CHARGED_BACKENDS:
+                        # The engine has not been called yet: the connector waits at this event.
                         decision, scopes = await budgets.reserve(tenant, call.model, event.prompt_tokens)
                         reserved = event.prompt_tokens
+                        if decision.allowed and routed is not None:
+                            yield routed
+                        yield event
                         yield Admission(
                             gate="tenant_rate_limit",
                             decision="admitted" if decision.allowed else "denied",
@@ -135,10 +140,10 @@ def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
                             retry_after=decision.retry_after,
                         )
                         if not decision.allowed:
-                            raise exceeded(decision)
+                            raise exceeded(decision)  # no worker was called: none is journaled
                         open_ = True
                         continue
-                    elif isinstance(event, Block) and open_ and scopes is not None:
+                    if isinstance(event, Block) and open_ and scopes is not None:
                         kind = event.event.get("type")
                         if kind == "message_start" and isinstance(event.event.get("message"), dict):
                             input_tokens = _usage(event.event["message"], "input_tokens") or input_tokens

@@ -112,6 +112,12 @@ def test_the_real_usage_is_settled_into_debt_and_the_next_request_is_refused(
     [denied] = _gates(refused)
     assert denied.decision == "denied" and denied.retry_after == int(second.headers["retry-after"])
     assert [(r.status, r.code) for r in refused if isinstance(r, Rejected)] == [(429, "tenant_rate_limit_exceeded")]
+    assert not any(e.kind == "routed" for e in refused)
+    assert [e.kind for e in events if e.kind in ("routed", "rendered", "admission")] == [
+        "routed",
+        "rendered",
+        "admission",
+    ]
     assert len(engine_control.received()) == 2  # the refused request never reached the engine
 
 
