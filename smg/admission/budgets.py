@@ -15,6 +15,7 @@ engine error, a client gone) keeps only its reservation.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -65,7 +66,13 @@ class RateLimitConfig:
         return load_policy(Path(self.config), trust_tenant_header=trust_tenant_header)
 
     def ledger(self) -> Ledger:
-        return MemoryLedger() if self.state == IN_MEMORY else SqliteLedger(Path(self.state))
+        """Where the budgets live. Raises ValueError when the state file cannot be opened."""
+        if self.state == IN_MEMORY:
+            return MemoryLedger()
+        try:
+            return SqliteLedger(Path(self.state))
+        except sqlite3.Error as exc:
+            raise ValueError(f"--tenant-rate-limit-state {self.state}: {exc}") from None
 
 
 def exceeded(decision: Decision) -> Refused:

@@ -90,6 +90,11 @@ def test_scopes_exact_rule_beats_prefix_and_the_longest_prefix_wins(tmp_path: Pa
     assert [s.limits for s in policy.scopes("auth:blue", "qwen3-8b")] == [Limits(100, 10)]
 
 
+def test_the_example_config_loads() -> None:
+    policy = load_policy(Path(__file__).with_name("limits-example.yaml"))
+    assert [s.limits for s in policy.scopes("auth:team-red", "qwen3-8b")] == [Limits(500000, 3000), Limits(50000, 100)]
+
+
 def test_bucket_arithmetic() -> None:
     limits = Limits(60, 6)  # one token and a tenth of a request per second
     assert refill(Bucket(-30.0, 0.0, 100.0), limits, 130.0) == Bucket(0.0, 3.0, 130.0)
