@@ -184,3 +184,17 @@ def test_the_queue_serves_waiters_in_order_and_a_cancelled_waiter_loses_its_plac
         return order
 
     assert asyncio.run(run()) == ["a", "c"]
+
+
+def test_the_timeline_describes_admission_events() -> None:
+    from journal.events import Admission, Settled
+    from journal.summary import describe
+
+    assert (
+        describe(Admission(gate="concurrency", decision="admitted", queued_ms=12.5))
+        == "concurrency admitted queued=12.5ms"
+    )
+    denied = Admission(gate="tenant_rate_limit", decision="denied", tenant="auth:red", retry_after=30)
+    assert describe(denied) == "tenant_rate_limit denied retry_after=30s tenant=auth:red"
+    settled = Settled(tenant="auth:red", reserved_tokens=13, input_tokens=13, output_tokens=40, delta=40)
+    assert describe(settled) == "+40 tokens (input=13 output=40 reserved=13) tenant=auth:red"
