@@ -2,7 +2,7 @@
 
 One concern per module — `tenants` (the gateway keys and the tenant each request is charged
 to), `concurrency` (slots and the wait queue), `budgets` (tenant token budgets, with `policy`
-their config and `ledger` their storage) — composed around the router's handler by `wrap`,
+their config and `ledger` their storage) — composed around the router's handler by `Gates.wrap`,
 outermost first: a request first waits for a slot, then (once rendered) for its budget.
 Each gate journals its decision as an `admission` event; a refusal is a `Refused` error.
 """
@@ -19,7 +19,7 @@ from smg.admission.tenants import Keys, TenantConfig, parse_tenant_keys
 from smg.backends.base import Call
 
 __all__ = [
-    "Admission",
+    "Gates",
     "ConcurrencyConfig",
     "RateLimitConfig",
     "Refused",
@@ -31,7 +31,7 @@ Handler = Callable[[Call], AsyncGenerator[Event, None]]
 COMPONENTS = (ConcurrencyConfig, TenantConfig, RateLimitConfig)
 
 
-class Admission:
+class Gates:
     """The gates of one gateway: its keys, its concurrency limiter and its tenant budgets."""
 
     def __init__(self, keys: Keys, limiter: Limiter | None = None, budgets: Budgets | None = None) -> None:
@@ -60,7 +60,7 @@ def build_admission(
     tenants: TenantConfig | None = None,
     concurrency: ConcurrencyConfig | None = None,
     rate_limit: RateLimitConfig | None = None,
-) -> Admission:
+) -> Gates:
     """The gates from their settings. Raises ValueError for settings that cannot work."""
     tenants = tenants or TenantConfig()
     concurrency = concurrency or ConcurrencyConfig()
@@ -69,4 +69,4 @@ def build_admission(
     concurrency.check()
     policy = rate_limit.policy(trust_tenant_header=tenants.trust_header)
     budgets = Budgets(policy, rate_limit.ledger()) if policy is not None else None
-    return Admission(keys, Limiter(concurrency) if concurrency.enabled else None, budgets)
+    return Gates(keys, Limiter(concurrency) if concurrency.enabled else None, budgets)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from smg.admission import Admission
+from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
 from smg.routing.config import RouterConfig
@@ -197,7 +197,7 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     return Router(config.router, connectors), specs
 
 
-def run(config: GatewayConfig, admission: Admission | None = None) -> None:
+def run(config: GatewayConfig, admission: Gates | None = None) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
     from smg.server.app import build_app

@@ -12,7 +12,7 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
-from smg.admission import Admission, build_admission
+from smg.admission import Gates, build_admission
 from smg.backends.base import Endpoint
 from smg.config import GatewayConfig
 from smg.projection import Whole, error_response
@@ -80,7 +80,7 @@ def build_app(
     journal: Any,
     static: list[WorkerSpec],
     name: str = "smg",
-    admission: Admission | None = None,
+    admission: Gates | None = None,
 ) -> Sanic[Any, Any]:
     # configure_logging=False: the CLI configures logging once; Sanic would print every line twice.
     app: Sanic[Any, Any] = Sanic(name, configure_logging=False)

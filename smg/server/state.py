@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from journal.events import Event
-from smg.admission import Admission
+from smg.admission import Gates
 from smg.backends.base import Call
 from smg.config import GatewayConfig
 from smg.routing.router import Router
@@ -21,7 +21,7 @@ class Gateway:
     router: Router
     journal: Any  # journal.writer.JournalWriter | NullJournal
     cors: CorsPolicy
-    admission: Admission
+    admission: Gates
     handle: Callable[[Call], AsyncGenerator[Event, None]] = field(init=False)
 
     def __post_init__(self) -> None:
