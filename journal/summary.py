@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from journal.events import (
+    Admission,
     Block,
     Completed,
     Counted,
@@ -26,6 +27,7 @@ from journal.events import (
     Rejected,
     Rendered,
     Routed,
+    Settled,
     StreamOpened,
     Tokens,
     Upstream,
@@ -187,6 +189,22 @@ def describe(event: Event) -> str:
         if event.disconnected:
             parts.append("DISCONNECTED")
         return " ".join(parts)
+    if isinstance(event, Admission):
+        parts = [f"{event.gate} {event.decision}"]
+        if event.queued_ms:
+            parts.append(f"queued={event.queued_ms:.1f}ms")
+        if event.reserved_tokens is not None:
+            parts.append(f"reserved={event.reserved_tokens}")
+        if event.retry_after is not None:
+            parts.append(f"retry_after={event.retry_after}s")
+        if event.tenant:
+            parts.append(f"tenant={event.tenant}")
+        return " ".join(parts)
+    if isinstance(event, Settled):
+        return (
+            f"{event.delta:+d} tokens (input={event.input_tokens} output={event.output_tokens}"
+            f" reserved={event.reserved_tokens}) tenant={event.tenant}"
+        )
     return _clip(repr(event.to_dict()))
 
 

@@ -33,6 +33,7 @@ class Call:
     headers: Mapping[str, str]  # the client's headers, lower-case names
     raw: bytes = b""  # the body bytes as received
     alias_used: bool = False
+    tenant: str | None = None  # who the request is charged to (`auth:…`, `ip:…`; smg.admission.tenants)
 
 
 @dataclass

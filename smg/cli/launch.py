@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
 from smg.routing.config import RouterConfig
@@ -228,7 +229,7 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     return Router(config.router, connectors), specs
 
 
-def run(config: GatewayConfig) -> None:
+def run(config: GatewayConfig, admission: Gates | None = None) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
     from smg.server.app import build_app
@@ -239,7 +240,7 @@ def run(config: GatewayConfig) -> None:
         if config.journal_path
         else NullJournal()
     )
-    app = build_app(config, router, journal, static)
+    app = build_app(config, router, journal, static, admission=admission)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     app.run(
         host=config.host,

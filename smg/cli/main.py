@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
+from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
 from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
@@ -31,8 +33,9 @@ app.command("inspect")(inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
 _MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias", "--routing-key-headers")
-# The router's components: their flags are declared on their settings (`smg.flags.option`).
-_COMPONENTS = (RouterConfig, PolicyConfig, RetryConfig, BreakerConfig, HealthConfig)
+# The router's and the admission gates' components: their flags are declared on their
+# settings (`smg.flags.option`).
+_COMPONENTS = (RouterConfig, PolicyConfig, RetryConfig, BreakerConfig, HealthConfig, *ADMISSION_COMPONENTS)
 
 
 def router_config(params: dict[str, Any]) -> RouterConfig:
@@ -50,9 +53,9 @@ def router_config(params: dict[str, Any]) -> RouterConfig:
 # never ignored.
 NOT_YET = {
     "--epd-disaggregation": "encode/prefill/decode disaggregation",
-    "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
-    "--max-concurrent-requests": "concurrency admission",
-    "--tenant-rate-limit-enabled": "tenant rate limiting",
+    "--rate-limit-tokens-per-second": "a refilling admission bucket",
+    "--priority-scheduler-enabled": "the priority admission scheduler",
+    "--priority-scheduler-config": "the priority admission scheduler",
     "--stream-request-bodies-over": "streamed-through request bodies",
     "--prometheus-port": "Prometheus metrics",
 }
@@ -163,6 +166,7 @@ def launch(
     **flags: Any,
 ) -> None:
     """Start the gateway."""
+    from smg.admission import build_admission
     from smg.cli.launch import LaunchError, build_config, run
 
     for extra in ctx.args:
@@ -179,6 +183,12 @@ def launch(
     try:
         try:
             router = router_config(flags)
+            admission = build_admission(
+                api_key or None,
+                tenants=build_component(TenantConfig, flags),
+                concurrency=build_component(ConcurrencyConfig, flags),
+                rate_limit=build_component(RateLimitConfig, flags),
+            )
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
@@ -210,4 +220,4 @@ def launch(
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config)
+    run(config, admission)

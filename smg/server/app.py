@@ -12,13 +12,14 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
+from smg.admission import Gates, build_admission
 from smg.backends.base import Endpoint
 from smg.config import GatewayConfig
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.routing.router import Router, WorkerSpec
 from smg.server import messages, tokenizers, workers
-from smg.server.auth import check_bearer
+from smg.server.auth import caller, check_admin
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
 from smg.server.request_id import resolve_request_ids
@@ -74,7 +75,12 @@ def _is_preflight(request: Any) -> bool:
 
 
 def build_app(
-    config: GatewayConfig, router: Router, journal: Any, static: list[WorkerSpec], name: str = "smg"
+    config: GatewayConfig,
+    router: Router,
+    journal: Any,
+    static: list[WorkerSpec],
+    name: str = "smg",
+    admission: Gates | None = None,
 ) -> Sanic[Any, Any]:
     # configure_logging=False: the CLI configures logging once; Sanic would print every line twice.
     app: Sanic[Any, Any] = Sanic(name, configure_logging=False)
@@ -84,8 +90,13 @@ def build_app(
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
+    admission = admission or build_admission(config.api_key)
     app.ctx.gateway = Gateway(
-        config=config, router=router, journal=journal, cors=CorsPolicy(config.cors_allowed_origins)
+        config=config,
+        router=router,
+        journal=journal,
+        cors=CorsPolicy(config.cors_allowed_origins),
+        admission=admission,
     )
 
     @app.before_server_start
@@ -96,6 +107,7 @@ def build_app(
     @app.after_server_stop
     async def _stop(app: Sanic[Any, Any]) -> None:
         await router.close()
+        admission.close()
         await journal.close()
 
     @app.on_request
@@ -141,9 +153,17 @@ def build_app(
         return _to_http(await messages.refuse(request, missing))
 
     def _refused(request: Any) -> HTTPResponse | None:
-        """The 401 for a protected route without the gateway key (Messages envelope for SDKs)."""
+        """The 401 for a serving route without a gateway key (Messages envelope for SDKs)."""
         try:
-            check_bearer(request.app.ctx.gateway.config.api_key, request.ctx.headers)
+            caller(request.app.ctx.gateway, request.ctx.headers, request.ip or None)
+        except ApiError as err:
+            return _api_error(request, err)
+        return None
+
+    def _refused_admin(request: Any) -> HTTPResponse | None:
+        """The 401 for an admin route without the shared key (a tenant key does not open it)."""
+        try:
+            check_admin(request.app.ctx.gateway, request.ctx.headers)
         except ApiError as err:
             return _api_error(request, err)
         return None
@@ -176,14 +196,14 @@ def build_app(
 
     @app.route("/v1/tokenizers", methods=["GET", "POST"], name="tokenizers")
     async def _tokenizers(request: Any) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         return await (tokenizers.register(request) if request.method == "POST" else tokenizers.list_all(request))
 
     @app.route("/v1/tokenizers/<key:path>", methods=["GET", "DELETE"], name="tokenizer")
     async def _tokenizer(request: Any, key: str) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         if request.method == "DELETE":
@@ -192,14 +212,14 @@ def build_app(
 
     @app.route("/workers", methods=["GET", "POST"], name="workers")
     async def _workers(request: Any) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         return await (workers.add(request) if request.method == "POST" else workers.list_all(request))
 
     @app.route("/workers/<worker_id>", methods=["GET", "DELETE"], name="worker")
     async def _worker(request: Any, worker_id: str) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         if request.method == "DELETE":

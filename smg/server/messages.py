@@ -16,6 +16,7 @@ from typing import Any
 
 from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
 from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
+from smg.admission import Refused
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
 from smg.projection import Projection, Whole, error_response
@@ -23,7 +24,7 @@ from smg.protocol import codec
 from smg.protocol.errors import ApiError, invalid_request
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
-from smg.server.auth import check_bearer, tenant_of
+from smg.server.auth import caller, tenant_of
 from smg.server.responder import Responder
 from smg.server.state import Gateway
 
@@ -41,9 +42,16 @@ def _check_content_type(headers: dict[str, str]) -> None:
         )
 
 
-def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: bytes, request_id: str) -> Call:
-    """Everything a request must pass before a backend sees it. Raises `ApiError`."""
-    check_bearer(gateway.config.api_key, headers)
+def admit(
+    gateway: Gateway,
+    endpoint: Endpoint,
+    headers: dict[str, str],
+    body: bytes,
+    request_id: str,
+    client_ip: str | None = None,
+) -> Call:
+    """Everything a request must pass before the gates and the router see it. Raises `ApiError`."""
+    tenant = caller(gateway, headers, client_ip).tenant
     _check_content_type(headers)
     try:
         data = codec.loads(body)
@@ -66,6 +74,7 @@ def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: b
         headers=headers,
         raw=body,
         alias_used=model != request.model,
+        tenant=tenant,
     )
 
 
@@ -84,7 +93,7 @@ def _summary(call: Call) -> dict[str, Any]:
 
 def _authorized(gateway: Gateway, headers: dict[str, str]) -> bool:
     try:
-        check_bearer(gateway.config.api_key, headers)
+        caller(gateway, headers, None)
     except ApiError:
         return False
     return True
@@ -109,7 +118,7 @@ def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
         headers=headers,
         body=body.decode("utf-8", errors="replace") if body else None,
         client=request.ip or None,
-        tenant=tenant_of(gateway.config.api_key, headers, request.ip),
+        tenant=tenant_of(gateway, headers, request.ip or None),
         ts=time.time(),
     )
 
@@ -128,12 +137,12 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     outcome = UsageReader()
     try:
         try:
-            call = admit(gateway, endpoint, headers, body, rid)
+            call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
             await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
             projection.stream = call.stream
             stage = "backend"
             # aclosing: a client that goes away closes the upstream at once, not at GC time.
-            async with aclosing(gateway.router.handle(call)) as events:
+            async with aclosing(gateway.handle(call)) as events:
                 async for event in events:
                     await flow.emit(event)
                     _observe(outcome, event)
@@ -143,6 +152,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 await flow.emit(projection.relayed_error)
             if not responder.responded:
                 raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")
+        except Refused as err:  # a gate's answer, whatever stage the request had reached
+            await _fail(flow, projection, responder, err, "admission")
         except ApiError as err:
             await _fail(flow, projection, responder, err, stage)
         except asyncio.CancelledError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 from smg.cli.main import app, expand_multi_values
 
 runner = CliRunner()
+EXAMPLE_LIMITS = Path(__file__).resolve().parents[1] / "admission" / "limits-example.yaml"
 
 
 def test_multi_value_flags_take_several_values_after_one_flag() -> None:
@@ -45,6 +47,29 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
         (["--worker-urls", "http://127.0.0.1:1", "--model-alias", "nope"], "ALIAS=CANONICAL"),
         (["--worker-urls", "http://127.0.0.1:1", "--backend", "bogus"], "unknown --backend"),
         (["--worker-urls", "http://127.0.0.1:1", "--log-level", "loud"], "--log-level"),
+        (["--worker-urls", "http://127.0.0.1:1", "--rate-limit-tokens-per-second", "5"], "refilling admission"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-api-key", "nocolon"], "expected TENANT:KEY"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled"], "needs --tenant-rate-limit-config"),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled", "--tenant-rate-limit-config", "/no"],
+            "reading /no",
+        ),
+        (
+            [
+                "--worker-urls",
+                "http://127.0.0.1:1",
+                "--tenant-rate-limit-enabled",
+                "--tenant-rate-limit-config",
+                str(EXAMPLE_LIMITS),
+                "--tenant-rate-limit-state",
+                "/no/such/dir/state.db",
+            ],
+            "unable to open",
+        ),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--max-concurrent-requests", "2", "--queue-timeout-secs", "0"],
+            "--queue-timeout-secs must be > 0",
+        ),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
