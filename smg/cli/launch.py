@@ -10,6 +10,7 @@ from pathlib import Path
 
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
+from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerSpec
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
@@ -84,6 +85,7 @@ def build_config(
     reasoning_parser: str | None = None,
     journal_retention: str | None = None,
     journal_bodies: str = "full",
+    observability: ObservabilityConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     if not worker_urls and not router.igw:
@@ -167,6 +169,7 @@ def build_config(
         tokenizer_autoload=tokenizer_autoload,
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
+        observability=observability or ObservabilityConfig(),
     )
 
 

@@ -295,6 +295,7 @@ class Router:
             context=self._context(call),
             retry=self.config.retry,
             on_idle=self._release,
+            endpoint=call.endpoint,
         )
         attempts = dispatch.attempts()
         try:
