@@ -92,15 +92,10 @@ class Dispatch:
                 self._settle(lease)
             if lease.failure is not None:
                 last = lease.failure
-                retryable = lease.failure.retryable and lease.failure.kind in RETRYABLE_FAILURES
-                if retryable and number < max_attempts:
+                if lease.failure.retryable and lease.failure.kind in RETRYABLE_FAILURES and number < max_attempts:
                     continue
-                if retryable and max_attempts > 1:
-                    self._exhausted(lease.worker)
                 raise lease.failure.error
             if not lease.retry:
-                if lease.status in RETRYABLE_STATUSES and max_attempts > 1:
-                    self._exhausted(lease.worker)
                 return
         if last is not None:
             raise last.error
@@ -166,13 +161,14 @@ class Dispatch:
         if worker.removed and worker.in_flight == 0:
             self._on_idle(worker)
 
-    def _exhausted(self, worker: Worker) -> None:
-        m = metrics.current
-        if m is not None:
-            m.retries_exhausted.labels(worker.role, self._endpoint).inc()
-
     def _count_settlement(self, m: metrics.Metrics, lease: _Lease, outcome: bool | None, before: str) -> None:
         worker = lease.worker
+        if lease.attempt > 1 and lease.attempt == self._retry.max_attempts:
+            failure = lease.failure
+            if (failure is not None and failure.retryable and failure.kind in RETRYABLE_FAILURES) or (
+                failure is None and lease.status in RETRYABLE_STATUSES
+            ):
+                m.retries_exhausted.labels(worker.role, self._endpoint).inc()
         if lease.status is not None:
             m.upstream_responses.labels(self._backend_label, str(lease.status), "").inc()
         if outcome is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -72,15 +73,23 @@ def _to_http(whole: Whole) -> HTTPResponse:
     return HTTPResponse(whole.body, status=whole.status, headers=headers, content_type=content_type)
 
 
+_PATTERNS: dict[str, str] = {}
+_PARAM = re.compile(r"<(\w+)(?::[^>]*)?>")
+
+
 def _metric_path(request: Any) -> str:
-    """The `path` label: the route's own path, its pattern when it has parameters, `other` for no
-    route at all (clients must not be able to mint label values)."""
+    """The `path` label: the route's own path, its pattern (`/workers/{worker_id}`) when it has
+    parameters, `other` for no route at all (clients must not be able to mint label values)."""
     route = request.route
     if route is None:
         return "other"
-    if route.params:
-        return "/" + str(route.path).lstrip("/")
-    return str(request.path)
+    if not route.params:
+        return str(request.path)
+    raw = str(route.path)
+    pattern = _PATTERNS.get(raw)
+    if pattern is None:
+        pattern = _PATTERNS[raw] = "/" + _PARAM.sub(r"{\1}", raw).lstrip("/")
+    return pattern
 
 
 def _is_preflight(request: Any) -> bool:
