@@ -89,7 +89,9 @@ def test_http_and_router_counters_match_the_traffic_sent(workers: list[Spawned])
                     streamed.read()
             assert client.post("/v1/messages", json={**BODY, "model": "no-such-model"}).status_code == 404
             assert client.post("/v1/messages", json={"model": MODEL, "messages": []}).status_code == 400
-            assert client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": BODY["messages"]}).is_success
+            assert client.post(
+                "/v1/messages/count_tokens", json={"model": MODEL, "messages": BODY["messages"]}
+            ).is_success
             handle.script({"status": 500, "json": {"type": "error", "error": {"type": "api_error", "message": "x"}}})
             assert client.post("/v1/messages", json=BODY).status_code == 500
             assert client.get("/workers").status_code == 200
@@ -105,7 +107,9 @@ def test_http_and_router_counters_match_the_traffic_sent(workers: list[Spawned])
     assert m.value("smg_http_requests_total", method="GET", path="/workers/{worker_id}") == 1
 
     assert m.value("smg_http_responses_total", path="/v1/messages", status_code="200", error_code="") == 5
-    assert m.value("smg_http_responses_total", path="/v1/messages", status_code="404", error_code="model_not_found") == 1
+    assert (
+        m.value("smg_http_responses_total", path="/v1/messages", status_code="404", error_code="model_not_found") == 1
+    )
     assert m.total("smg_http_responses_total", path="/v1/messages", status_code="400") == 1
     assert m.total("smg_http_responses_total", path="/v1/messages", status_code="500") == 1
     assert m.value("smg_http_responses_total", path="/v1/messages/count_tokens", status_code="200", error_code="") == 1
@@ -178,10 +182,28 @@ def test_retries_and_an_opening_breaker_are_counted(workers: list[Spawned]) -> N
     assert m.value("smg_worker_cb_transitions_total", worker=first.url, **{"from": "closed", "to": "open"}) == 1
     assert m.value("smg_worker_cb_state", worker=first.url) == 1
     assert m.value("smg_worker_cb_state", worker=second.url) == 0
-    assert m.value("smg_worker_selection_total", worker_type="regular", connection_mode="http", model=MODEL,
-                   policy="round_robin") == sent + 2
-    assert m.value("smg_router_requests_total", router_type="http", backend_type="regular", connection_mode="http",
-                   model=MODEL, endpoint="messages", streaming="false") == sent
+    assert (
+        m.value(
+            "smg_worker_selection_total",
+            worker_type="regular",
+            connection_mode="http",
+            model=MODEL,
+            policy="round_robin",
+        )
+        == sent + 2
+    )
+    assert (
+        m.value(
+            "smg_router_requests_total",
+            router_type="http",
+            backend_type="regular",
+            connection_mode="http",
+            model=MODEL,
+            endpoint="messages",
+            streaming="false",
+        )
+        == sent
+    )
 
 
 def test_exhausted_retries_are_counted(workers: list[Spawned]) -> None:
@@ -190,8 +212,16 @@ def test_exhausted_retries_are_counted(workers: list[Spawned]) -> None:
     handle.reset()
     handle.script(*[{"status": 503, "body": "busy"}] * 2)
     port = free_port()
-    gw = _gateway([worker.url], port, "--retry-max-retries", "2", "--retry-initial-backoff-ms", "1",
-                  "--cb-failure-threshold", "10")
+    gw = _gateway(
+        [worker.url],
+        port,
+        "--retry-max-retries",
+        "2",
+        "--retry-initial-backoff-ms",
+        "1",
+        "--cb-failure-threshold",
+        "10",
+    )
     try:
         with httpx.Client(base_url=gw.url, timeout=30.0) as client:
             assert client.post("/v1/messages", json=BODY).status_code == 503
@@ -243,8 +273,16 @@ def test_grpc_tokens_ttft_and_tpot_follow_the_usage_returned() -> None:
     assert m.value("smg_router_requests_total", **route, endpoint="messages", streaming="true") == 1
     assert m.value("smg_router_requests_total", **route, endpoint="other", streaming="false") == 1
     # count_tokens is answered by the gateway: no worker is selected for it.
-    assert m.value("smg_worker_selection_total", worker_type="regular", connection_mode="grpc", model="qwen3-metrics",
-                   policy="cache_aware") == 2
+    assert (
+        m.value(
+            "smg_worker_selection_total",
+            worker_type="regular",
+            connection_mode="grpc",
+            model="qwen3-metrics",
+            policy="cache_aware",
+        )
+        == 2
+    )
 
 
 def test_journal_counters_match_the_file(workers: list[Spawned], tmp_path: Path) -> None:
