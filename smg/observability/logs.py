@@ -41,8 +41,9 @@ def configure(level: str, json_lines: bool) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.set_name("smg")
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if h.get_name() == "smg"]:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())

@@ -45,10 +45,14 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
         (["--worker-urls", "http://127.0.0.1:1", "--model-alias", "nope"], "ALIAS=CANONICAL"),
         (["--worker-urls", "http://127.0.0.1:1", "--backend", "bogus"], "unknown --backend"),
         (["--worker-urls", "http://127.0.0.1:1", "--log-level", "loud"], "--log-level"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "1", "x"], "takes numbers"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "2", "1"], "increasing"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-port", "70000"], "--prometheus-port must be"),
+        (["--worker-urls", "http://127.0.0.1:1", "--enable-trace", "--otlp-traces-endpoint", "nohost"], "HOST:PORT"),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
-    result = runner.invoke(app, ["launch", *args])
+    result = runner.invoke(app, expand_multi_values(["launch", *args]))  # as `smg` itself parses argv
     assert result.exit_code != 0
     assert needle in result.output
 
