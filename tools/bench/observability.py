@@ -80,7 +80,9 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
                     if args.configs and name not in args.configs:
                         continue
                     gw: Spawned = spawn_gateway(
-                        [upstream.url], extra=["--disable-retries", *extra, *flags], env={"OTEL_BSP_SCHEDULE_DELAY": "200"}
+                        [upstream.url],
+                        extra=["--disable-retries", *extra, *flags],
+                        env={"OTEL_BSP_SCHEDULE_DELAY": "200"},
                     )
                     try:
                         _drive(gw.url, body, args.warmup)
@@ -105,12 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = measure(args)
     base = statistics.median(results["off"])
-    print(f"{'gRPC engine' if args.grpc else 'HTTP relay'}: gateway CPU per request, {args.requests} requests x "
-          f"{args.reps} (half streamed, concurrency 1)")
+    print(
+        f"{'gRPC engine' if args.grpc else 'HTTP relay'}: gateway CPU per request, {args.requests} requests x "
+        f"{args.reps} (half streamed, concurrency 1)"
+    )
     for name, values in results.items():
         median = statistics.median(values)
-        print(f"  {name:<26} {median:8.0f} us  ({median - base:+.0f} us, {100 * (median - base) / base:+.1f}%)"
-              f"   runs: {', '.join(f'{v:.0f}' for v in values)}")
+        print(
+            f"  {name:<26} {median:8.0f} us  ({median - base:+.0f} us, {100 * (median - base) / base:+.1f}%)"
+            f"   runs: {', '.join(f'{v:.0f}' for v in values)}"
+        )
     return 0
 
 
