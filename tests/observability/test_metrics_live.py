@@ -327,3 +327,34 @@ def test_duration_buckets_flag_and_other_paths_of_the_listener(workers: list[Spa
         gw.stop()
     bounds = sorted(float(labels["le"]) for labels in m.labels("smg_router_request_duration_seconds_bucket"))
     assert sorted(set(bounds)) == [0.5, 2.0, 30.0, float("inf")]
+
+
+def test_gauges_follow_a_stream_held_open(workers: list[Spawned]) -> None:
+    worker = workers[0]
+    handle = Scripted(worker.url)
+    handle.reset()
+    handle.script({"stream_echo": True, "hold_after": 2})
+    port = free_port()
+    gw = _gateway([worker.url], port)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30.0) as client:
+            with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as held:
+                assert held.status_code == 200
+                frames = held.iter_bytes()
+                next(frames)  # the stream is under way, its worker holds the rest
+                during = scrape(port)
+                handle.release()
+                for _ in frames:
+                    pass
+        deadline = time.monotonic() + 10
+        while (after := scrape(port)).value("smg_http_connections_active") != 0:
+            assert time.monotonic() < deadline, "the closed connection is still counted"
+            time.sleep(0.05)
+    finally:
+        gw.stop()
+    assert during.value("smg_worker_requests_active", worker=worker.url) == 1
+    assert during.value("smg_http_connections_active") == 1
+    # The stream's response is counted once it has ended, not when its head went out.
+    assert during.total("smg_http_responses_total", path="/v1/messages") == 0
+    assert after.value("smg_worker_requests_active", worker=worker.url) == 0
+    assert after.value("smg_http_responses_total", path="/v1/messages", status_code="200", error_code="") == 1
