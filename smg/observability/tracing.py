@@ -2,10 +2,11 @@
 --otlp-traces-endpoint HOST:PORT`, the reference's flags and default, localhost:4317).
 
 A request's root span continues the client's `traceparent`/`tracestate` (W3C trace context) and
-is what an HTTP worker is told as its parent. Work that runs in one piece opens its span where it
-runs (`stage`: render, tokenize, the policy's choice); the stages that the request's events
-already time (admission, first token, engine call, parse, respond) are spans built from those
-times when the request ends (`RequestTrace.span`), so no stage pays twice.
+is what a worker is told as its parent (HTTP headers; gRPC metadata on `Generate`). Work that
+runs in one piece opens its span where it runs (`stage`: render, tokenize, the policy's
+choice); the stages that the request's events already time (admission, first token, engine
+call, parse, respond) are spans built from those times when the request ends
+(`RequestTrace.span`), so no stage pays twice.
 
 With tracing off, `stage` is a shared no-op context manager and nothing else runs.
 """
@@ -65,6 +66,15 @@ def stage(name: str, **attributes: Any) -> AbstractContextManager[Any]:
     if _tracer is None:
         return _NO_SPAN
     return _tracer.start_as_current_span(name, attributes=attributes or None)
+
+
+def grpc_metadata() -> tuple[tuple[str, str], ...] | None:
+    """`traceparent`/`tracestate` of the current span as gRPC metadata; None with tracing off."""
+    if _tracer is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return tuple(carrier.items()) or None
 
 
 def client_trace_id(headers: Mapping[str, str]) -> str | None:

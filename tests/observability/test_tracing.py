@@ -18,7 +18,8 @@ from journal.reader import JournalReader
 from smg.observability import tracing
 from smg.observability.tracing import RequestTrace, client_trace_id
 from tests.conftest import MODEL, Scripted, wait_for_events
-from tests.grpc.conftest import QWEN3
+from tests.grpc.conftest import QWEN3, target_of
+from tools.engine_control import EngineControl
 from tools.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
@@ -156,6 +157,8 @@ def test_grpc_render_and_tokenize_are_spans_of_the_request(receiver: OtlpReceive
             answer = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"traceparent": TRACEPARENT}, timeout=60)
             assert answer.status_code == 200
             spans = receiver.wait_for(lambda got: any(s.name == ROOT for s in got))
+            with EngineControl(target_of(engine.url)) as control:
+                sent = control.trace_context()
         finally:
             gw.stop()
     finally:
@@ -165,4 +168,6 @@ def test_grpc_render_and_tokenize_are_spans_of_the_request(receiver: OtlpReceive
         children
     )
     assert children["render"].end_ns <= children["tokenize"].start_ns
+    # The engine is told the gateway's span, as gRPC metadata.
+    assert sent == [{"traceparent": f"00-{TRACE}-{root.span_id}-01"}]
     assert children["first_token"].end_ns <= children["engine_call"].end_ns
