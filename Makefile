@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench.relay
 	$(BIN)/python -m tools.bench.grpc
 	$(BIN)/python -m tools.bench.journal
+	$(BIN)/python -m tools.bench.routing
 
 bench-grpc: $(STAMP)
 	$(BIN)/python -m tools.bench.grpc

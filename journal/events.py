@@ -164,7 +164,8 @@ class Upstream(Event):
     `part` is `head` (status and headers), `chunk` (a piece of a streamed body, as it
     arrived) or `body` (a whole buffered body, as the client gets it). When the gateway
     re-serializes a success body (the Anthropic backend does), the upstream's own bytes come
-    first as an `original` part, which only the journal keeps: projections ignore it. Text is
+    first as an `original` part, which only the journal keeps: projections ignore it, as they
+    ignore a prefill/decode deployment's prefill leg (`prefill:head`, `prefill:body`). Text is
     stored as text; bytes that are not UTF-8 are stored base64-encoded with
     `encoding="base64"`.
     """

@@ -14,6 +14,8 @@ class GatewayConfig:
     host: str = "0.0.0.0"
     port: int = 30000
     worker_urls: tuple[str, ...] = ()
+    prefill_urls: tuple[tuple[str, int | None], ...] = ()  # --prefill URL [BOOTSTRAP_PORT]
+    decode_urls: tuple[str, ...] = ()  # --decode URL
     backend: str | None = None  # --backend: an engine runtime for gRPC workers, or an API (anthropic)
     model_path: str | None = None
     tokenizer_path: str | None = None

@@ -117,8 +117,8 @@ class Projection:
     # relay backends
 
     def _upstream(self, event: Upstream) -> list[Action]:
-        if event.part == "original":
-            return []
+        if event.part == "original" or event.part.startswith("prefill:"):
+            return []  # the journal's alone: the upstream's own bytes, a prefill leg's answer
         if event.part == "head":
             self._head = event
             self._worker = event.worker

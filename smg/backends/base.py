@@ -104,6 +104,14 @@ class Lease(Protocol):
         ...
 
 
+class PairLease(Lease, Protocol):
+    """A prefill/decode attempt: the lease itself is the decode leg's (what the client gets);
+    `prefill` is the prefill leg's. A PD connector's `Attempts` yield these."""
+
+    @property
+    def prefill(self) -> Lease: ...
+
+
 Attempts = AsyncIterator[Lease]
 
 

@@ -42,6 +42,20 @@ def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | No
     return None
 
 
+def _prefill_workers(values: list[str]) -> list[tuple[str, int | None]]:
+    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill."""
+    out: list[tuple[str, int | None]] = []
+    for value in values:
+        url, _, port = value.partition(" ")
+        if not port or port.lower() == "none":
+            out.append((url, None))
+        elif port.isdigit() and 0 < int(port) < 65536:
+            out.append((url, int(port)))
+        else:
+            raise LaunchError(f"--prefill takes URL [BOOTSTRAP_PORT], got {value!r}")
+    return out
+
+
 def _journal_settings(
     journal_path: Path | None, retention: str | None, bodies: str
 ) -> tuple[float | None, int | None] | None:
@@ -78,6 +92,8 @@ def build_config(
     max_payload_size: int,
     upstream_transport: str,
     router: RouterConfig | None = None,
+    prefill: list[str] | None = None,
+    decode: list[str] | None = None,
     mcp_config_path: Path | None = None,
     chat_template: Path | None = None,
     tokenizer_autoload: bool = True,
@@ -88,16 +104,24 @@ def build_config(
     observability: ObservabilityConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
-    if not worker_urls and not router.igw:
+    prefill_urls = _prefill_workers(prefill or [])
+    decode_urls = list(decode or [])
+    if (prefill_urls or decode_urls) and not router.pd:
+        raise LaunchError("--prefill/--decode need --pd-disaggregation")
+    if router.pd and not router.igw and not (prefill_urls and decode_urls):
+        raise LaunchError("--pd-disaggregation needs at least one --prefill URL and one --decode URL")
+    if not worker_urls and not router.igw and not router.pd:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000), unless --enable-igw")
     kinds = set()
-    for url in worker_urls:
+    for url in [*worker_urls, *(u for u, _ in prefill_urls), *decode_urls]:
         try:
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     if "zmq" in kinds:
         raise LaunchError("ipc:// (ZMQ) workers are not supported by this gateway yet; use grpc:// or http(s)://")
+    if router.pd and any(worker_kind(u) != "http" for u in [*(u for u, _ in prefill_urls), *decode_urls]):
+        raise LaunchError("prefill/decode over gRPC or ZMQ is not served by this gateway yet; use http(s):// workers")
     if len(kinds) > 1 and not router.igw:
         raise LaunchError("mixing gRPC and HTTP workers needs IGW mode (--enable-igw)")
     grpc = "grpc" in kinds or (router.igw and not kinds)
@@ -150,6 +174,8 @@ def build_config(
         host=host,
         port=port,
         worker_urls=tuple(worker_urls),
+        prefill_urls=tuple(prefill_urls),
+        decode_urls=tuple(decode_urls),
         backend=backend,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
@@ -179,6 +205,7 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     from smg.backends.anthropic import AnthropicConnector
     from smg.backends.base import Connector
     from smg.backends.grpc.backend import GrpcConnector
+    from smg.backends.http.pd import HttpPdConnector
     from smg.backends.http.relay import HttpConnector
 
     kinds = {worker_kind(u) for u in config.worker_urls}
@@ -188,14 +215,19 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
         connectors["anthropic"] = AnthropicConnector(config)
     if config.router.igw or (kinds == {"grpc"} and not anthropic):
         connectors["grpc"] = GrpcConnector(config)
-    if config.router.igw or ("http" in kinds and not anthropic):
-        connectors["http"] = HttpConnector(config)
+    if config.router.igw or ("http" in kinds and not anthropic) or config.router.pd:
+        relay = HttpConnector(config)
+        connectors["http"] = relay
+        if config.router.igw or config.router.pd:
+            connectors["pd-http"] = HttpPdConnector(config, relay)
     specs = [
         WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
         if anthropic
         else WorkerSpec(url=url)
         for url in config.worker_urls
     ]
+    specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
+    specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
     return Router(config.router, connectors), specs
 
 

@@ -56,9 +56,6 @@ def router_config(params: dict[str, Any]) -> RouterConfig:
 # Flags of the reference gateway this build knows of but does not serve yet: refused by name,
 # never ignored.
 NOT_YET = {
-    "--pd-disaggregation": "prefill/decode disaggregation",
-    "--prefill": "prefill/decode disaggregation",
-    "--decode": "prefill/decode disaggregation",
     "--epd-disaggregation": "encode/prefill/decode disaggregation",
     "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
     "--max-concurrent-requests": "concurrency admission",
@@ -85,8 +82,20 @@ def expand_multi_values(argv: list[str]) -> list[str]:
     return out
 
 
+def join_bootstrap_ports(argv: list[str]) -> list[str]:
+    """`--prefill URL 9000` → `--prefill 'URL 9000'`: the reference's optional bootstrap port (or
+    `none`) after a prefill URL, kept with its URL."""
+    out: list[str] = []
+    for arg in argv:
+        if len(out) >= 2 and out[-2] == "--prefill" and (arg.isdigit() or arg.lower() == "none"):
+            out[-1] = f"{out[-1]} {arg}"
+            continue
+        out.append(arg)
+    return out
+
+
 def main() -> None:
-    app(args=expand_multi_values(sys.argv[1:]), prog_name="smg")
+    app(args=join_bootstrap_ports(expand_multi_values(sys.argv[1:])), prog_name="smg")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -98,6 +107,13 @@ def launch(
     worker_urls: Annotated[
         list[str] | None,
         typer.Option(help="Worker URLs; the scheme picks the kind: http(s):// (relay), grpc://, ipc:// (ZMQ)."),
+    ] = None,
+    prefill: Annotated[
+        list[str] | None,
+        typer.Option(help="With --pd-disaggregation: a prefill worker, URL [BOOTSTRAP_PORT] (repeatable)."),
+    ] = None,
+    decode: Annotated[
+        list[str] | None, typer.Option(help="With --pd-disaggregation: a decode worker URL (repeatable).")
     ] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", "--runtime", help="Engine runtime or API backend (e.g. sglang, vllm).")
@@ -182,6 +198,8 @@ def launch(
             host=host,
             port=port,
             worker_urls=worker_urls or [],
+            prefill=prefill or [],
+            decode=decode or [],
             backend=backend,
             model_path=model_path,
             tokenizer_path=tokenizer_path,

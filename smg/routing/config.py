@@ -19,6 +19,18 @@ class RouterConfig:
         default="cache_aware",
         metadata=option("--policy", "How a worker is chosen within a pool.", choices=POLICY_NAMES),
     )
+    prefill_policy: str | None = field(
+        default=None,
+        metadata=option(
+            "--prefill-policy", "PD: the prefill workers' policy (default: --policy).", choices=POLICY_NAMES
+        ),
+    )
+    decode_policy: str | None = field(
+        default=None,
+        metadata=option(
+            "--decode-policy", "PD: the decode workers' policy (default: --policy).", choices=POLICY_NAMES
+        ),
+    )
     policies: PolicyConfig = field(default_factory=PolicyConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -26,5 +38,9 @@ class RouterConfig:
     igw: bool = field(
         default=False,
         metadata=option("--enable-igw", "Serve several kinds of workers and models at once (gRPC, HTTP, external)."),
+    )
+    pd: bool = field(
+        default=False,
+        metadata=option("--pd-disaggregation", "Prefill/decode deployments: --prefill URL [PORT] and --decode URL."),
     )
     runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

@@ -65,8 +65,10 @@ class Dispatch:
         context: RouteContext,
         retry: RetryConfig,
         on_idle: Callable[[Worker], None],
+        empty: Callable[[], ApiError] = no_available_workers,
         endpoint: str = "messages",
     ) -> None:
+        self._empty = empty
         self._backend = backend
         self._endpoint = "messages" if endpoint == "messages" else "other"  # the reference's label
         self._model = model
@@ -111,7 +113,7 @@ class Dispatch:
         preferred = [w for w in available if w.id not in tried] or available
         if not preferred:
             # Every worker is down after a failure: report that failure, not the pool state.
-            raise last.error if last is not None else no_available_workers()
+            raise last.error if last is not None else self._empty()
         with tracing.stage("select_worker", policy=self._policy.name, attempt=number):
             choice = self._policy.choose(preferred, self._context)
         worker = choice.worker
@@ -180,3 +182,68 @@ class Dispatch:
     @property
     def _backend_label(self) -> str:
         return "grpc" if self._backend == "grpc" else "http"
+
+
+class _PairLease(_Lease):
+    """The decode leg's lease, carrying the prefill leg's."""
+
+    __slots__ = ("prefill",)
+
+    def __init__(self, decode: _Lease, prefill: _Lease) -> None:
+        super().__init__(decode.worker, decode.attempt, decode.routed, decode._more)
+        self.prefill = prefill
+
+
+class PairDispatch:
+    """The attempts of one request on a prefill/decode pool: each attempt is a pair, chosen by
+    the prefill and the decode policies; a failure of either leg decides like a single one."""
+
+    def __init__(self, prefill: Dispatch, decode: Dispatch, retry: RetryConfig) -> None:
+        self._prefill = prefill
+        self._decode = decode
+        self._retry = retry
+        self._held: tuple[_PairLease, _Lease] | None = None
+
+    async def attempts(self) -> AsyncGenerator[Lease, None]:
+        tried_prefill: set[str] = set()
+        tried_decode: set[str] = set()
+        last: Failure | None = None
+        max_attempts = self._retry.max_attempts
+        for number in range(1, max_attempts + 1):
+            if number > 1:
+                await asyncio.sleep(self._retry.backoff_seconds(number - 1))
+            more = number < max_attempts
+            prefill = self._prefill._lease(number, tried_prefill, last, more=more)
+            try:
+                decode = self._decode._lease(number, tried_decode, last, more=more)
+            except ApiError:
+                self._prefill._settle(prefill)
+                raise
+            tried_prefill.add(prefill.worker.id)
+            tried_decode.add(decode.worker.id)
+            pair = _PairLease(decode, prefill)
+            self._decode._held = pair
+            self._held = (pair, prefill)
+            try:
+                yield pair
+            finally:
+                self._settle(pair, prefill)
+            failure = pair.failure or prefill.failure
+            if failure is not None:
+                last = failure
+                if failure.retryable and failure.kind in RETRYABLE_FAILURES and more:
+                    continue
+                raise failure.error
+            if not (pair.retry or prefill.retry):
+                return
+        if last is not None:
+            raise last.error
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._settle(*self._held)
+
+    def _settle(self, pair: _PairLease, prefill: _Lease) -> None:
+        self._held = None
+        self._decode._settle(pair)
+        self._prefill._settle(prefill)

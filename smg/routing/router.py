@@ -26,7 +26,7 @@ from smg.backends.base import Call, Connector, ModelCard, WorkerUnreachable, mod
 from smg.protocol.errors import ApiError
 from smg.routing.breaker import CircuitBreaker
 from smg.routing.config import RouterConfig
-from smg.routing.dispatch import Dispatch
+from smg.routing.dispatch import Dispatch, PairDispatch, no_available_workers
 from smg.routing.health import HealthMonitor, discover
 from smg.routing.policies import (
     NEEDS_TEXT,
@@ -71,6 +71,35 @@ class WorkerSpec:
     wildcard: bool = False  # serves every model (`--backend anthropic`)
 
 
+def pool_key(worker: Worker) -> str | None:
+    """The self-hosted pool a worker belongs to: its connection mode, `pd-<mode>` for the
+    prefill and decode workers of a disaggregated deployment (None for roles not served)."""
+    if worker.role == "regular":
+        return worker.connection
+    if worker.role in ("prefill", "decode"):
+        return f"pd-{worker.connection}"
+    return None
+
+
+def _has_role(workers: list[Worker], role: str) -> bool:
+    return any(w.role == role for w in workers)
+
+
+def _available(key: str, workers: list[Worker]) -> int:
+    """A pool's weight: its available workers; a disaggregated pool's, its available pairs."""
+    if not key.startswith("pd-"):
+        return sum(w.available for w in workers)
+    return min(sum(w.available for w in workers if w.role == role) for role in ("prefill", "decode"))
+
+
+def no_prefill_servers() -> ApiError:
+    return ApiError(503, "No prefill servers available", code="no_prefill_servers")
+
+
+def no_decode_servers() -> ApiError:
+    return ApiError(503, "No decode servers available", code="no_decode_servers")
+
+
 class WorkerRefused(ValueError):
     """A worker that cannot be registered, said plainly (a 400 on the worker API)."""
 
@@ -112,7 +141,9 @@ class Router:
     # workers
 
     def connector_key(self, worker: Worker) -> str:
-        return (worker.runtime or "") if worker.external else worker.connection
+        if worker.external:
+            return worker.runtime or ""
+        return pool_key(worker) or worker.connection
 
     def _connector_of(self, worker: Worker) -> Connector | None:
         return self._connectors.get(self.connector_key(worker))
@@ -231,10 +262,11 @@ class Router:
 
     # requests
 
-    def _policy(self, pool: str) -> Policy:
+    def _policy(self, pool: str, name: str | None = None) -> Policy:
         policy = self._policies.get(pool)
         if policy is None:
-            policy = self._policies[pool] = make_policy(self.config.policy, self.config.policies, rng=self._rng)
+            chosen = name or self.config.policy
+            policy = self._policies[pool] = make_policy(chosen, self.config.policies, rng=self._rng)
         return policy
 
     def route(self, call: Call) -> tuple[str, list[Worker]]:
@@ -256,18 +288,23 @@ class Router:
             raise ApiError(501, "Messages API not yet implemented for this router", code="not_implemented")
         pools: dict[str, list[Worker]] = {}
         for worker in serving:
-            if worker.role == "regular":
-                pools.setdefault(worker.connection, []).append(worker)
+            key = pool_key(worker)
+            if key is not None and key in self._connectors:
+                pools.setdefault(key, []).append(worker)
         if not pools:
             raise ApiError(404, f"No worker available for model '{call.model}'", code="model_not_found")
+        counting = call.endpoint == "count_tokens"
+        if counting:
+            # A disaggregated pool answers count_tokens with its prefill workers alone.
+            pools = {k: ws for k, ws in pools.items() if not k.startswith("pd-") or _has_role(ws, "prefill")}
         if len(pools) == 1:
             return next(iter(pools.items()))
-        answers_itself = call.endpoint == "count_tokens" or getattr(call.request, "max_tokens", None) == 0
+        answers_itself = counting or getattr(call.request, "max_tokens", None) == 0
         if answers_itself:
             for key in _SELF_ANSWERING:
                 if key in pools:
                     return key, pools[key]
-        weights = {key: sum(w.available for w in workers) for key, workers in pools.items()}
+        weights = {key: _available(key, workers) for key, workers in pools.items()}
         if not any(weights.values()):
             key = min(pools)  # every pool is down: any of them gives the same 503
             return key, pools[key]
@@ -284,19 +321,35 @@ class Router:
             affinity_key=affinity_key(call.headers) if policy == "consistent_hashing" else None,
         )
 
-    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
-        key, workers = self.route(call)
-        connector = self._connectors[key]
-        dispatch = Dispatch(
-            backend=connector.name,
+    def _dispatch(
+        self, key: str, backend: str, call: Call, workers: list[Worker], role: str | None = None
+    ) -> Dispatch:
+        policy_name = {"prefill": self.config.prefill_policy, "decode": self.config.decode_policy}.get(role or "")
+        empty = {"prefill": no_prefill_servers, "decode": no_decode_servers}.get(role or "", no_available_workers)
+        return Dispatch(
+            backend=backend,
             model=call.model,
-            workers=workers,
-            policy=self._policy(key),
+            workers=[w for w in workers if role is None or w.role == role],
+            policy=self._policy(f"{key}:{role}" if role else key, policy_name),
             context=self._context(call),
             retry=self.config.retry,
             on_idle=self._release,
+            empty=empty,
             endpoint=call.endpoint,
         )
+
+    async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        key, workers = self.route(call)
+        connector = self._connectors[key]
+        dispatch: Dispatch | PairDispatch
+        if not key.startswith("pd-"):
+            dispatch = self._dispatch(key, connector.name, call, workers)
+        elif call.endpoint == "count_tokens":
+            dispatch = self._dispatch(key, connector.name, call, workers, "prefill")
+        else:
+            prefill = self._dispatch(key, connector.name, call, workers, "prefill")
+            decode = self._dispatch(key, connector.name, call, workers, "decode")
+            dispatch = PairDispatch(prefill, decode, self.config.retry)
         attempts = dispatch.attempts()
         try:
             async with aclosing(connector.handle(call, workers, attempts)) as events:

@@ -21,7 +21,12 @@ _TIMEOUTS = frozenset({408, 504})
 # Answers of the admission layer that count as `smg_http_rate_limit_total{result="rejected"}`.
 RATE_LIMITED = frozenset({"admission_queue_full", "admission_queue_timeout", "tenant_rate_limit_exceeded"})
 # The reference's labels per connector: (router_type, backend_type).
-_ROUTER_LABELS = {"grpc": ("grpc", "regular"), "http": ("http", "regular"), "anthropic": ("http", "external")}
+_ROUTER_LABELS = {
+    "grpc": ("grpc", "regular"),
+    "http": ("http", "regular"),
+    "http-pd": ("http", "pd"),
+    "anthropic": ("http", "external"),
+}
 
 
 def error_type(status: int, code: str | None) -> str:

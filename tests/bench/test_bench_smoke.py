@@ -112,3 +112,25 @@ def test_grpc_bench_quick(tmp_path: Path) -> None:
     assert all(r["cpu_ms_per_1k_tokens"]["gateway"] is not None for r in runs if r["target"] != "direct")
     for text in (b"stream c=1", b"json c=8", b"summary", b"x-direct", b"gwCPU/1k +J"):
         assert text in done.stdout
+
+
+def test_routing_bench_runs_and_no_request_fails_when_a_worker_is_killed() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.bench.routing",
+            "--requests",
+            "60",
+            "--concurrency",
+            "4",
+            "--policies",
+            "round_robin,least_load",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "round_robin" in done.stdout and "least_load" in done.stdout

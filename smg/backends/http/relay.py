@@ -126,11 +126,11 @@ class HttpConnector:
             if lease.answered(response.status_code):
                 await response.aclose()
                 continue
-            async for event in self._relay(call, worker, response):
+            async for event in self.relay_response(call, worker, response):
                 yield event
             return
 
-    async def _relay(self, call: Call, worker: Target, response: httpx.Response) -> AsyncGenerator[Event, None]:
+    async def relay_response(self, call: Call, worker: Target, response: httpx.Response) -> AsyncGenerator[Event, None]:
         status = response.status_code
         head = relayed_response_headers(response.headers.multi_items())
         streaming = call.stream and status < 400

@@ -1,0 +1,168 @@
+"""HTTP prefill/decode: one Messages request dispatched to a prefill and a decode worker at once.
+
+Both legs get the same body: the client's request (canonical model id) plus SGLang's bootstrap
+fields — `bootstrap_host` (the prefill worker's host), `bootstrap_port` (its bootstrap port, or
+null), `bootstrap_room` (a random 63-bit integer shared by the two legs). The client gets the
+decode leg's answer, streamed or not, relayed as it arrives. The prefill leg's answer is
+journaled as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
+leg fails, its status and error are the client's answer. count_tokens goes to one prefill
+worker, without bootstrap fields, like any relayed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncGenerator, Sequence
+from typing import cast
+from urllib.parse import urlsplit
+
+import httpx
+
+from journal.events import Event, Upstream
+from journal.pieces import text_piece
+from smg.backends.base import Attempts, Call, Discovery, Failure, FailureKind, PairLease, Target
+from smg.backends.http.headers import forwarded_request_headers, relayed_response_headers, with_worker_key
+from smg.backends.http.relay import HttpConnector, relay_body
+from smg.backends.upstream import BodyTooLarge, read_capped
+from smg.config import GatewayConfig
+from smg.protocol import codec
+from smg.protocol.errors import ApiError, describe_exception
+
+_MESSAGES = "/v1/messages"
+_ROOM_BITS = 63
+
+
+def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
+    """The body both legs receive."""
+    body = codec.loads(relay_body(call))
+    body["bootstrap_host"] = urlsplit(prefill.url).hostname
+    body["bootstrap_port"] = prefill.bootstrap_port
+    body["bootstrap_room"] = room
+    return codec.dumps(body)
+
+
+def _transport_failure(exc: httpx.HTTPError, leg: str, url: str) -> Failure:
+    if isinstance(exc, httpx.TimeoutException):
+        error = ApiError(504, f"{leg} leg: {describe_exception(exc)}. URL: {url}", code="call_upstream_timeout")
+        return Failure("timeout", error)
+    kind: FailureKind = "refused" if isinstance(exc, httpx.ConnectError) else "transport"
+    message = f"Transport error: {leg} leg: {describe_exception(exc)}. URL: {url}"
+    return Failure(kind, ApiError(502, message, code="pd_disaggregation_request_failed"))
+
+
+class HttpPdConnector:
+    """Prefill/decode pairs of HTTP workers (SGLang's disaggregation over its HTTP API)."""
+
+    name = "http-pd"
+
+    def __init__(self, config: GatewayConfig, relay: HttpConnector | None = None) -> None:
+        self._config = config
+        self._relay = relay or HttpConnector(config)
+
+    async def start(self) -> None:
+        await self._relay.start()
+
+    async def close(self) -> None:
+        await self._relay.close()
+
+    async def discover(self, target: Target) -> Discovery:
+        return await self._relay.discover(target)
+
+    async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
+        return await self._relay.check_health(target, timeout, endpoint)
+
+    async def load(self, target: Target) -> int | None:
+        return None
+
+    async def forget(self, target: Target) -> None:
+        await self._relay.forget(target)
+
+    def ready(self, targets: Sequence[Target]) -> bool:
+        return any(t.models for t in targets)
+
+    def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
+        if call.endpoint == "count_tokens":
+            return self._relay.handle(call, pool, attempts)
+        return self._dispatch(call, attempts)
+
+    async def _dispatch(self, call: Call, attempts: Attempts) -> AsyncGenerator[Event, None]:
+        if getattr(call.request, "max_tokens", None) == 0:
+            raise ApiError(
+                400,
+                "max_tokens: 0 cannot be relayed to an HTTP worker: the gateway renders no prompt "
+                "on this backend, so it cannot build the empty message",
+                code="max_tokens_zero_not_relayed",
+            )
+        client = self._relay.client
+        forwarded = forwarded_request_headers(call.headers)
+        async for lease in attempts:
+            pair = cast(PairLease, lease)
+            prefill, decode = pair.prefill.target, pair.target
+            yield pair.prefill.routed
+            yield pair.routed
+            body = bootstrap_body(call, prefill, secrets.randbits(_ROOM_BITS))
+            legs = {
+                "prefill": asyncio.ensure_future(self._send(client, prefill, body, forwarded)),
+                "decode": asyncio.ensure_future(self._send(client, decode, body, forwarded)),
+            }
+            await asyncio.wait(legs.values(), return_when=asyncio.ALL_COMPLETED)
+            failed = next((leg for leg, task in legs.items() if task.exception() is not None), None)
+            if failed is not None:
+                for task in legs.values():
+                    if task.exception() is None:
+                        await task.result().aclose()
+                exc = cast(httpx.HTTPError, legs[failed].exception())
+                target = prefill if failed == "prefill" else decode
+                failure = _transport_failure(exc, failed, target.url)
+                (pair.prefill if failed == "prefill" else pair).failed(failure)
+                continue
+            prefill_response, decode_response = legs["prefill"].result(), legs["decode"].result()
+            prefill_status = prefill_response.status_code
+            pair.prefill.answered(prefill_status)
+            if prefill_status >= 400:
+                # The prefill leg's error is the answer: the decode leg cannot have produced one.
+                await decode_response.aclose()
+                pair.answered(prefill_status)
+                async for event in self._prefill_error(prefill, prefill_response):
+                    yield event
+                return
+            pair.answered(decode_response.status_code)
+            prefill_body = asyncio.ensure_future(self._read(prefill_response))
+            try:
+                async for event in self._relay.relay_response(call, decode, decode_response):
+                    yield event
+            except BaseException:
+                prefill_body.cancel()  # the client went away: nothing more to journal of the prefill leg
+                raise
+            raw = await prefill_body
+            yield Upstream(
+                part="prefill:head",
+                status=prefill_status,
+                headers=relayed_response_headers(prefill_response.headers.multi_items()),
+                worker=prefill.url,
+            )
+            data, encoding = text_piece(raw)
+            yield Upstream(part="prefill:body", data=data, encoding=encoding)
+            return
+
+    async def _send(
+        self, client: httpx.AsyncClient, target: Target, body: bytes, forwarded: dict[str, str]
+    ) -> httpx.Response:
+        url = target.url + _MESSAGES
+        headers = with_worker_key(forwarded, target.api_key)
+        return await client.send(client.build_request("POST", url, content=body, headers=headers), stream=True)
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        try:
+            return await read_capped(response, self._config.max_payload_size)
+        except (httpx.HTTPError, BodyTooLarge) as exc:
+            return f"(prefill answer not read: {describe_exception(exc)})".encode()
+        finally:
+            await response.aclose()
+
+    async def _prefill_error(self, prefill: Target, response: httpx.Response) -> AsyncGenerator[Event, None]:
+        head = relayed_response_headers(response.headers.multi_items())
+        yield Upstream(part="head", status=response.status_code, headers=head, worker=prefill.url)
+        data, encoding = text_piece(await self._read(response))
+        yield Upstream(part="body", data=data, encoding=encoding)

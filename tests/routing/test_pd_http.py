@@ -1,0 +1,167 @@
+"""HTTP prefill/decode over loopback: both legs' bodies and headers, the decode leg's answer
+relayed (streamed or not), each leg failing in turn, count_tokens on a prefill worker alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from journal.events import Routed, Upstream
+from tests.conftest import Scripted, wait_for_events
+from tools.spawn import free_port, spawn_gateway, spawn_worker
+
+MODEL = "pd-model"
+BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "split me"}]}
+HEADERS = {"authorization": "Bearer client", "x-request-id": "pd-1", "x-smg-routing-key": "k", "cookie": "no"}
+
+
+@pytest.fixture
+def legs(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    prefill, decode = spawn_worker(models=[MODEL]), spawn_worker(models=[MODEL])
+    journal = tmp_path / "pd.db"
+    gw = spawn_gateway(
+        [],
+        journal=journal,
+        extra=["--pd-disaggregation", "--prefill", prefill.url, "8998", "--decode", decode.url, "--disable-retries"],
+    )
+    p, d = Scripted(prefill.url), Scripted(decode.url)
+    p.reset()
+    d.reset()
+    try:
+        yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_both_legs_get_the_request_with_one_bootstrap_room_and_the_client_gets_decode(legs: dict[str, Any]) -> None:
+    gw, prefill, decode = legs["gw"], legs["prefill"], legs["decode"]
+    prefill.script({"json": {"prefilled": True}})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY, headers=HEADERS)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["type"] == "message"  # the decode worker's echo, not the prefill's answer
+    assert reply.headers["x-smg-routed-worker-id"] == legs["urls"][1]
+    (first,), (second,) = prefill.received(), decode.received()
+    for leg in (first, second):
+        assert leg["path"] == "/v1/messages"
+        assert leg["headers"]["authorization"] == "Bearer client" and "cookie" not in leg["headers"]
+        assert leg["headers"]["x-smg-routing-key"] == "k"
+        assert leg["json"]["messages"] == BODY["messages"] and leg["json"]["model"] == MODEL
+    assert first["json"]["bootstrap_room"] == second["json"]["bootstrap_room"]
+    assert 0 <= first["json"]["bootstrap_room"] < 2**63
+    assert first["json"]["bootstrap_host"] == second["json"]["bootstrap_host"] == "127.0.0.1"
+    assert first["json"]["bootstrap_port"] == 8998
+    events = wait_for_events(legs["journal"], reply.headers["x-request-id"])
+    parts = [e.part for e in events if isinstance(e, Upstream)]
+    assert parts == ["head", "body", "prefill:head", "prefill:body"]
+    assert [e.worker for e in events if isinstance(e, Routed)] == list(legs["urls"])
+
+
+def test_a_stream_is_relayed_from_the_decode_leg(legs: dict[str, Any]) -> None:
+    gw, decode = legs["gw"], legs["decode"]
+    with httpx.stream("POST", gw.url + "/v1/messages", json={**BODY, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = response.read().decode()
+    assert text.startswith("event: message_start") and "event: message_stop" in text
+    assert decode.received()[0]["json"]["stream"] is True
+
+
+def test_a_decode_error_keeps_its_status_and_error(legs: dict[str, Any]) -> None:
+    gw, decode = legs["gw"], legs["decode"]
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "decode overloaded"}}
+    decode.script({"status": 529, "json": error})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 529
+    assert reply.json()["error"] == error["error"]
+
+
+def test_a_prefill_error_is_the_answer(legs: dict[str, Any]) -> None:
+    gw, prefill = legs["gw"], legs["prefill"]
+    error = {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt too long for prefill"}}
+    for stream in (False, True):
+        prefill.script({"status": 400, "json": error})
+        reply = httpx.post(gw.url + "/v1/messages", json={**BODY, "stream": stream})
+        assert reply.status_code == 400
+        assert reply.json()["error"] == error["error"]
+
+
+def test_a_leg_that_drops_the_connection_is_a_502(legs: dict[str, Any]) -> None:
+    gw, prefill, decode = legs["gw"], legs["prefill"], legs["decode"]
+    prefill.script({"drop": True})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 502
+    assert reply.headers["x-smg-error-code"] == "pd_disaggregation_request_failed"
+    assert reply.json()["error"]["message"].startswith("Transport error: prefill leg")
+    decode.script({"drop": True})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 502 and "decode leg" in reply.json()["error"]["message"]
+
+
+def test_count_tokens_goes_to_one_prefill_worker_without_bootstrap_fields(legs: dict[str, Any]) -> None:
+    gw, prefill, decode = legs["gw"], legs["prefill"], legs["decode"]
+    body = {"model": MODEL, "messages": BODY["messages"]}
+    reply = httpx.post(gw.url + "/v1/messages/count_tokens", json=body)
+    assert reply.status_code == 200
+    (seen,) = prefill.received()
+    assert seen["path"] == "/v1/messages/count_tokens" and "bootstrap_room" not in seen["json"]
+    assert decode.received() == []
+
+
+def test_max_tokens_zero_and_unknown_models_are_refused_before_any_leg(legs: dict[str, Any]) -> None:
+    gw, prefill, decode = legs["gw"], legs["prefill"], legs["decode"]
+    zero = httpx.post(gw.url + "/v1/messages", json={**BODY, "max_tokens": 0})
+    assert zero.status_code == 400 and zero.headers["x-smg-error-code"] == "max_tokens_zero_not_relayed"
+    unknown = httpx.post(gw.url + "/v1/messages", json={**BODY, "model": "nobody"})
+    assert unknown.status_code == 404 and unknown.headers["x-smg-error-code"] == "model_not_found"
+    assert prefill.received() == [] and decode.received() == []
+
+
+def test_a_role_without_available_workers_is_503_named_for_it(tmp_path: Path) -> None:
+    prefill = spawn_worker(models=[MODEL])
+    decode_port = free_port()
+    decode = spawn_worker(decode_port, models=[MODEL])
+    gw = spawn_gateway(
+        [],
+        extra=[
+            "--pd-disaggregation",
+            "--prefill",
+            prefill.url,
+            "--decode",
+            decode.url,
+            "--disable-retries",
+            "--health-check-interval-secs",
+            "1",
+        ],
+    )
+    try:
+        assert httpx.post(gw.url + "/v1/messages", json=BODY).status_code == 200
+        decode.kill()
+        deadline = time.monotonic() + 15
+        codes: list[str] = []
+        while time.monotonic() < deadline and "no_decode_servers" not in codes:
+            codes.append(httpx.post(gw.url + "/v1/messages", json=BODY).headers.get("x-smg-error-code", ""))
+            time.sleep(0.2)
+        assert codes[-1] == "no_decode_servers"
+        assert httpx.post(gw.url + "/v1/messages", json=BODY).status_code == 503
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_launch_refuses_pd_without_both_roles() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "smg", "launch", "--pd-disaggregation", "--prefill", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "--decode" in run.stderr
