@@ -33,7 +33,7 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--worker-urls", "http://127.0.0.1:1", "--pd-disaggregation"], "not supported by this gateway yet"),
+        (["--worker-urls", "http://127.0.0.1:1", "--epd-disaggregation"], "not supported by this gateway yet"),
         (["--worker-urls", "http://127.0.0.1:1", "--policy", "bogus"], "--policy must be one of"),
         (["--worker-urls", "http://127.0.0.1:1", "--no-such-flag"], "no such option: --no-such-flag"),
         ([], "--worker-urls is required"),
