@@ -194,10 +194,11 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
         )
         await flow.emit(completed)
         if observer is not None:
+            # As the reference counts it: a client gone first is 499 whatever the head said.
             observer.finish(
                 request_id=received.request_id,
-                status=completed.status,
-                code="client_closed_request" if disconnected and code is None else code,
+                status=499 if disconnected else completed.status,
+                code="client_closed_request" if disconnected else code,
                 duration=completed.t,
                 usage=completed.usage,
                 disconnected=disconnected,

@@ -358,3 +358,27 @@ def test_gauges_follow_a_stream_held_open(workers: list[Spawned]) -> None:
     assert during.total("smg_http_responses_total", path="/v1/messages") == 0
     assert after.value("smg_worker_requests_active", worker=worker.url) == 0
     assert after.value("smg_http_responses_total", path="/v1/messages", status_code="200", error_code="") == 1
+
+
+def test_a_client_gone_mid_stream_is_a_499(workers: list[Spawned]) -> None:
+    worker = workers[0]
+    handle = Scripted(worker.url)
+    handle.reset()
+    handle.script({"stream_echo": True, "hold_after": 2})
+    port = free_port()
+    gw = _gateway([worker.url], port)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30.0) as client:
+            with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as held:
+                next(held.iter_bytes())
+        # The client has closed its connection while the worker still holds the stream.
+        gone = {"path": "/v1/messages", "status_code": "499", "error_code": "client_closed_request"}
+        deadline = time.monotonic() + 10
+        while (m := scrape(port)).value("smg_http_responses_total", **gone) != 1:
+            assert time.monotonic() < deadline, "the request cut off was never counted"
+            time.sleep(0.05)
+        handle.release()
+    finally:
+        gw.stop()
+    assert m.total("smg_http_responses_total", path="/v1/messages") == 1
+    assert m.value("smg_worker_requests_active", worker=worker.url) == 0
