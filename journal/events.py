@@ -72,6 +72,7 @@ class Received(Event):
     client: str | None = None
     tenant: str | None = None
     ts: float = 0.0  # wall clock (epoch seconds)
+    trace_id: str | None = None  # W3C trace id (32 hex): the gateway's span's, else the client's traceparent's
 
     @property
     def echoed_id(self) -> str:

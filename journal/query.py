@@ -27,6 +27,9 @@ false; `!` negates that):
   pattern (case-insensitive) matched against both. `=` only.
 * `client_id:` the request id the client sent (`x-request-id` …; several requests may share
   one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
+* `trace:` a W3C trace id (32 hex digits, any case): the request's trace, as its `received`
+  event recorded it (the gateway's span's with `--enable-trace`, else the client's
+  `traceparent`'s). `=` only.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
@@ -83,6 +86,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "stop": (_STRING, "stop_reason"),
     "id": ("id", "id"),
     "client_id": (_STRING, "client_id"),
+    "trace": ("trace", ""),
     "status": ("status", "status"),
     "ttft": ("duration", "ttfe_ms"),
     "ttfe": ("duration", "ttfe_ms"),
@@ -108,6 +112,7 @@ _HAS = {
     "error": "(IFNULL(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)",
 }
 _YES = frozenset({"yes", "true"})
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _NO = frozenset({"no", "false"})
 _DURATION_UNITS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
 _AGO_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -383,6 +388,8 @@ class _Compiler:
             return self.string(column, op, term.value)
         if kind == "id":
             return self.id_prefix(term.value)
+        if kind == "trace":
+            return self.trace(term)
         if kind in ("status", "duration", "count"):
             return self.number(term, kind, column, op)
         if kind == "has":
@@ -403,6 +410,16 @@ class _Compiler:
         else:
             match = f"{column} = {self.bind(value)}"
         return f"({column} IS NOT NULL AND {match if op == '=' else f'NOT ({match})'})"
+
+    def trace(self, term: _Term) -> str:
+        value = term.value.strip().lower()
+        if not _TRACE_ID.fullmatch(value):
+            raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
+        # Events are keyed by request first: this reads only the matching row's own events.
+        return (
+            "EXISTS (SELECT 1 FROM events AS ev WHERE ev.request_id = requests.id AND ev.kind = 'received'"
+            f" AND json_extract(ev.data, '$.trace_id') = {self.bind(value)})"
+        )
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:

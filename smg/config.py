@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 
 
@@ -35,6 +36,7 @@ class GatewayConfig:
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

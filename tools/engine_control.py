@@ -51,6 +51,10 @@ class EngineControl:
         """The request ids of Generate calls the client cancelled, in order."""
         return cast(list[str], self._call("Cancelled")["request_ids"])
 
+    def trace_context(self) -> list[dict[str, str]]:
+        """The `traceparent`/`tracestate` metadata of each Generate call, in order."""
+        return cast(list[dict[str, str]], self._call("TraceContext")["metadata"])
+
     def reset(self) -> None:
         """Clear scripts, records and health, and release held streams."""
         self._call("Reset")

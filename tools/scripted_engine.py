@@ -11,6 +11,7 @@ port, a control service `tools.ScriptedEngine` whose unary methods take and retu
 - `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order;
 - `Aborts` → `{"request_ids": [...]}`: the ids named by `Abort` calls, in order;
 - `Cancelled` → `{"request_ids": [...]}`: the `Generate` calls the client cancelled, in order;
+- `TraceContext` → `{"metadata": [...]}`: each `Generate` call's `traceparent`/`tracestate` metadata;
 - `Release` lets streams waiting at `hold_after` go on; `SetHealth` `{"healthy": bool}`;
 - `Reset` clears scripts, records and health and releases held streams.
 
@@ -924,6 +925,7 @@ class Engine:
     received: list[dict[str, Any]] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    trace_context: list[dict[str, str]] = field(default_factory=list)  # each Generate's traceparent/tracestate
     healthy: bool = True
     released: asyncio.Event = field(default_factory=asyncio.Event)
     streams: dict[str, _Stream] = field(default_factory=dict)
@@ -945,6 +947,7 @@ class Engine:
         self.received.clear()
         self.aborts.clear()
         self.cancelled.clear()
+        self.trace_context.clear()
         self.healthy = True
         self.release()
 
@@ -965,6 +968,8 @@ class Engine:
             return {"request_ids": list(self.aborts)}
         if method == "Cancelled":
             return {"request_ids": list(self.cancelled)}
+        if method == "TraceContext":
+            return {"metadata": list(self.trace_context)}
         if method == "Reset":
             self.reset()
             return {"reset": True}
@@ -983,6 +988,8 @@ class Engine:
 
     async def generate(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         self.received.append(MessageToDict(request, preserving_proto_field_name=True))
+        metadata = context.invocation_metadata() or ()
+        self.trace_context.append({k: str(v) for k, v in metadata if k in ("traceparent", "tracestate")})
         asked = self.wire.asked(request)
         refusal = self._refusal(asked)
         if refusal is not None:
@@ -1206,7 +1213,7 @@ def servicer(engine: Engine) -> Any:
     return cls()
 
 
-CONTROL_METHODS = ("Script", "Received", "Aborts", "Cancelled", "Reset", "Release", "SetHealth")
+CONTROL_METHODS = ("Script", "Received", "Aborts", "Cancelled", "TraceContext", "Reset", "Release", "SetHealth")
 
 
 def control_handler(engine: Engine) -> grpc.GenericRpcHandler:

@@ -11,6 +11,7 @@ from pathlib import Path
 from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
+from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerSpec
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
@@ -101,6 +102,7 @@ def build_config(
     reasoning_parser: str | None = None,
     journal_retention: str | None = None,
     journal_bodies: str = "full",
+    observability: ObservabilityConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -194,6 +196,7 @@ def build_config(
         tokenizer_autoload=tokenizer_autoload,
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
+        observability=observability or ObservabilityConfig(),
     )
 
 

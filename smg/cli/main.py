@@ -17,6 +17,7 @@ from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.observability.config import ObservabilityConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
 from smg.routing.policies import PolicyConfig
@@ -32,10 +33,23 @@ app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
-_MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias", "--routing-key-headers")
-# The router's and the admission gates' components: their flags are declared on their
-# settings (`smg.flags.option`).
-_COMPONENTS = (RouterConfig, PolicyConfig, RetryConfig, BreakerConfig, HealthConfig, *ADMISSION_COMPONENTS)
+_MULTI_VALUE = (
+    "--worker-urls",
+    "--cors-allowed-origins",
+    "--model-alias",
+    "--routing-key-headers",
+    "--prometheus-duration-buckets",
+)
+# The components: their flags are declared on their settings (`smg.flags.option`).
+_COMPONENTS = (
+    RouterConfig,
+    PolicyConfig,
+    RetryConfig,
+    BreakerConfig,
+    HealthConfig,
+    *ADMISSION_COMPONENTS,
+    ObservabilityConfig,
+)
 
 
 def router_config(params: dict[str, Any]) -> RouterConfig:
@@ -57,8 +71,10 @@ NOT_YET = {
     "--priority-scheduler-enabled": "the priority admission scheduler",
     "--priority-scheduler-config": "the priority admission scheduler",
     "--stream-request-bodies-over": "streamed-through request bodies",
-    "--prometheus-port": "Prometheus metrics",
 }
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def expand_multi_values(argv: list[str]) -> list[str]:
@@ -176,7 +192,10 @@ def launch(
         if name.startswith("-"):
             raise typer.BadParameter(f"no such option: {name}", param_hint=name)
         raise typer.BadParameter(f"unexpected argument {extra!r}")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from smg.observability import logs
+
+    observability = build_component(ObservabilityConfig, flags)
+    logs.configure(log_level if log_level.lower() in _LOG_LEVELS else "info", observability.log_json)
     # The upstream client would log every request at INFO: far too much on the hot path.
     for noisy in ("httpx", "httpcore", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -189,6 +208,7 @@ def launch(
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
             )
+            observability.check()
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
@@ -216,6 +236,7 @@ def launch(
             tokenizer_autoload=not disable_tokenizer_autoload,
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
+            observability=observability,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)

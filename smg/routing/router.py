@@ -335,6 +335,7 @@ class Router:
             retry=self.config.retry,
             on_idle=self._release,
             empty=empty,
+            endpoint=call.endpoint,
         )
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:

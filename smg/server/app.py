@@ -1,9 +1,11 @@
 """The Sanic application: routes, per-request context (id, headers, clock), CORS, and the
-lifecycle of the router and the journal writer."""
+lifecycle of the router, the journal writer, the metrics listener and the trace exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -15,6 +17,8 @@ from sanic.response import json as json_response
 from smg.admission import Gates, build_admission
 from smg.backends.base import Endpoint
 from smg.config import GatewayConfig
+from smg.observability import metrics, tracing
+from smg.observability.metrics import MetricsServer
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.routing.router import Router, WorkerSpec
@@ -70,6 +74,25 @@ def _to_http(whole: Whole) -> HTTPResponse:
     return HTTPResponse(whole.body, status=whole.status, headers=headers, content_type=content_type)
 
 
+_PATTERNS: dict[str, str] = {}
+_PARAM = re.compile(r"<(\w+)(?::[^>]*)?>")
+
+
+def _metric_path(request: Any) -> str:
+    """The `path` label: the route's own path, its pattern (`/workers/{worker_id}`) when it has
+    parameters, `other` for no route at all (clients must not be able to mint label values)."""
+    route = request.route
+    if route is None:
+        return "other"
+    if not route.params:
+        return str(request.path)
+    raw = str(route.path)
+    pattern = _PATTERNS.get(raw)
+    if pattern is None:
+        pattern = _PATTERNS[raw] = "/" + _PARAM.sub(r"{\1}", raw).lstrip("/")
+    return pattern
+
+
 def _is_preflight(request: Any) -> bool:
     return request.method == "OPTIONS" and "access-control-request-method" in request.ctx.headers
 
@@ -99,8 +122,28 @@ def build_app(
         admission=admission,
     )
 
+    observability = config.observability
+    metrics_server: list[MetricsServer] = []
+    if observability.prometheus_port is not None:
+        meter = metrics.install(observability.buckets())
+        meter.state.workers = router.registry.all
+        meter.state.journal = lambda: journal.stats
+        metrics_server.append(MetricsServer(meter, observability.prometheus_host, observability.prometheus_port))
+
+        @app.signal("http.lifecycle.begin")
+        async def _connection_opened(conn_info: Any) -> None:
+            meter.http_connections.inc()
+
+        @app.signal("http.lifecycle.complete")
+        async def _connection_closed(conn_info: Any) -> None:
+            meter.http_connections.dec()
+
     @app.before_server_start
     async def _start(app: Sanic[Any, Any]) -> None:
+        if observability.enable_trace:
+            tracing.install(observability.otlp_traces_endpoint)
+        for server in metrics_server:
+            await server.start()
         await journal.start()
         await router.start(static)
 
@@ -109,10 +152,17 @@ def build_app(
         await router.close()
         admission.close()
         await journal.close()
+        for server in metrics_server:
+            await server.close()
+        if tracing.enabled():
+            await asyncio.to_thread(tracing.shutdown)  # exports what is still buffered
 
     @app.on_request
     async def _context(request: Any) -> HTTPResponse | None:
         _ensure_context(request)
+        m = metrics.current
+        if m is not None:
+            m.http_requests.labels(request.method, _metric_path(request)).inc()
         if _is_preflight(request):
             return HTTPResponse(status=204)
         return None
@@ -126,6 +176,12 @@ def build_app(
         gateway: Gateway = request.app.ctx.gateway
         for key, value in gateway.cors.response_headers(request.ctx.headers, _is_preflight(request)).items():
             response.headers[key] = value
+        m = metrics.current
+        if m is not None and not getattr(request.ctx, "observed", False):
+            # Whole responses only: a Messages handler counts its own when it ends.
+            path = _metric_path(request)
+            m.http_responses.labels(path, str(response.status), getattr(request.ctx, "error_code", None) or "").inc()
+            m.http_duration.labels(request.method, path).observe(time.perf_counter() - request.ctx.t0)
 
     async def _endpoint(request: Any, endpoint: Endpoint) -> HTTPResponse | None:
         if request.method != "POST":
@@ -169,6 +225,7 @@ def build_app(
         return None
 
     def _api_error(request: Any, err: ApiError) -> HTTPResponse:
+        request.ctx.error_code = err.code
         if "anthropic-version" in request.ctx.headers:
             return _to_http(error_response(request.ctx.request_id, messages.error_event(err)))
         body = {"error": {"type": err.type, "message": err.message}}

@@ -36,6 +36,7 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
     ("args", "needle"),
     [
         (["--worker-urls", "http://127.0.0.1:1", "--pd-disaggregation"], "needs at least one --prefill URL"),
+        (["--worker-urls", "http://127.0.0.1:1", "--epd-disaggregation"], "not supported by this gateway yet"),
         (["--worker-urls", "http://127.0.0.1:1", "--policy", "bogus"], "--policy must be one of"),
         (["--worker-urls", "http://127.0.0.1:1", "--no-such-flag"], "no such option: --no-such-flag"),
         ([], "--worker-urls is required"),
@@ -70,10 +71,14 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
             ["--worker-urls", "http://127.0.0.1:1", "--max-concurrent-requests", "2", "--queue-timeout-secs", "0"],
             "--queue-timeout-secs must be > 0",
         ),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "1", "x"], "takes numbers"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "2", "1"], "increasing"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-port", "70000"], "--prometheus-port must be"),
+        (["--worker-urls", "http://127.0.0.1:1", "--enable-trace", "--otlp-traces-endpoint", "nohost"], "HOST:PORT"),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
-    result = runner.invoke(app, ["launch", *args])
+    result = runner.invoke(app, expand_multi_values(["launch", *args]))  # as `smg` itself parses argv
     assert result.exit_code != 0
     assert needle in result.output
 

@@ -160,6 +160,9 @@ def term_matches(row: Row, field: str, op: str, value: str) -> bool:
             return False
         hit = glob_matches(value, actual) if "*" in value else actual == value
         return hit if op == "=" else not hit
+    if field == "trace":  # the trace id its `received` event carries
+        wanted = value.lower()
+        return any(kind == "received" and orjson.loads(data).get("trace_id") == wanted for kind, data in row.events)
     if field == "id":  # the gateway's id or the client's
         ids = [i for i in (v["id"], v.get("client_id")) if i is not None]
         return any(glob_matches(value, i) if "*" in value else i.startswith(value) for i in ids)
@@ -295,6 +298,7 @@ STATUSES = [None, 200, 400, 404, 429, 499, 500, 503, 529]
 DURATIONS = [None, 0.0, 0.5, 999.0, 1000.0, 1500.0, 2000.0, 60000.0, 90000.0]
 TOKENS = [None, 0, 1, 999, 1000, 1500, 12000]
 AGES = [None, 10.0, 100.0, 1000.0, 3600.0, 86400.0, 100000.0]
+TRACES = ["4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"]
 KINDS = ["received", "upstream", "block", "error", "rejected", "tokens", "validated"]
 
 maybe_word = st.one_of(st.none(), st.sampled_from(WORDS))
@@ -333,7 +337,12 @@ def rows(draw: st.DrawFn) -> list[Row]:
         events = [
             (
                 draw(st.sampled_from(KINDS)),
-                orjson.dumps({"text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=3)))}).decode(),
+                orjson.dumps(
+                    {
+                        "text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=3))),
+                        "trace_id": draw(st.sampled_from([None, *TRACES])),
+                    }
+                ).decode(),
             )
             for _ in range(draw(st.integers(0, 3)))
         ]
@@ -375,6 +384,8 @@ def term(draw: st.DrawFn) -> Term:
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field == "has":
             value = draw(st.sampled_from(["tool_use", "thinking", "error"]))
+        elif field == "trace":
+            value = draw(st.sampled_from([*TRACES, TRACES[0].upper()]))
         elif field in ("stream", "replay"):
             value = draw(st.sampled_from(["yes", "no", "true", "false"]))
         else:

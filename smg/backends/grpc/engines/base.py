@@ -34,6 +34,7 @@ from smg.backends.grpc.types import (
     EngineLoad,
     GenerateCall,
 )
+from smg.observability import tracing
 
 MiB = 1024 * 1024
 # Large messages: tokenizer bundles and long prompts' token ids. No client keepalive pings: a
@@ -341,7 +342,8 @@ class GrpcEngineClient(ABC):
         return self._make_stub(channel).HealthCheck(self._health_request(), timeout=timeout)
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
-        rpc = self.stub().Generate(self.generate_request(call))
+        # The request's trace continues on the engine (W3C trace context as gRPC metadata).
+        rpc = self.stub().Generate(self.generate_request(call), metadata=tracing.grpc_metadata())
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
         try:
