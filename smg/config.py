@@ -33,6 +33,7 @@ class GatewayConfig:
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
+    zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

@@ -1,0 +1,10 @@
+"""ZMQ workers (`ipc://PATH`): vLLM's EngineCore reached over its own ZMQ wire, no servicer between.
+
+`addresses` derives where the sockets are, `wire` owns the msgpack messages, `transport` the
+sockets, the handshake and engine deaths, `client` presents it all as an `EngineClient`, so the
+engine connector (`smg.backends.grpc.backend`) serves these workers with the same pipeline.
+"""
+
+from smg.backends.zmq.client import ZMQ_RUNTIMES, ZmqEngineClient
+
+__all__ = ["ZMQ_RUNTIMES", "ZmqEngineClient"]
