@@ -140,7 +140,8 @@ class Connector(Protocol):
         ...
 
     async def load(self, target: Target) -> int | None:
-        """The requests the worker itself reports running or waiting; None when it cannot say."""
+        """The requests the worker itself reports running or waiting; None when it cannot say.
+        Raises `WorkerUnreachable` when the connector knows the worker is gone."""
         ...
 
     def ready(self, targets: Sequence[Target]) -> bool:

@@ -99,8 +99,12 @@ class EngineConnector:
         *,
         name: str = "grpc",
         clients: ClientFactory = grpc_clients,
+        live_loads: bool = False,
     ) -> None:
         self.name = name
+        # The client's `loads` is local knowledge of whether its engine is alive (ZMQ): an
+        # UNAVAILABLE there takes the worker out at once.
+        self._live_loads = live_loads
         self._clients = clients
         self._config = config
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
@@ -162,7 +166,9 @@ class EngineConnector:
             return None
         try:
             loads = await engine.client.loads()
-        except EngineError:
+        except EngineError as exc:
+            if self._live_loads and exc.unavailable:
+                raise WorkerUnreachable(exc.message) from None
             return None
         return None if loads is None else loads.running_requests + loads.waiting_requests
 

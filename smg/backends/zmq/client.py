@@ -126,7 +126,7 @@ class ZmqEngineClient:
 
     async def loads(self) -> EngineLoad | None:
         if not self.transport.serving:
-            return None
+            raise EngineError("UNAVAILABLE", self.transport.waiting_reason())
         found = self.transport.loads()
         if found is None:
             return None

@@ -25,4 +25,4 @@ def zmq_connector(config: GatewayConfig, tokenizers: TokenizerRegistry | None = 
             raise WorkerUnreachable(str(exc)) from None
         return runtime, client
 
-    return EngineConnector(config, tokenizers, name="zmq", clients=clients)
+    return EngineConnector(config, tokenizers, name="zmq", clients=clients, live_loads=True)
