@@ -15,6 +15,7 @@ Outputs are per-step deltas whatever `stream` says; a streamed or not, the pipel
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from smg.backends.grpc.types import (
 from smg.backends.zmq import wire
 from smg.backends.zmq.addresses import zmq_addresses
 from smg.backends.zmq.transport import Transport
+
+log = logging.getLogger("smg.zmq")
 
 ZMQ_RUNTIMES = ("vllm",)
 
@@ -192,6 +195,8 @@ class ZmqEngineClient:
             owner = transport.finish(call.request_id)
             if owner is not None:
                 self._unfinished[call.request_id] = owner
+            log.debug("request %s closed after %d tokens, %s", call.request_id, total,
+                      "engine still running" if owner is not None else "engine finished")
 
     async def abort(self, request_id: str) -> None:
         """The engine does not confirm an abort: the request already ended for the gateway."""

@@ -200,6 +200,9 @@ class Transport:
             await self._input.send_multipart([identity, wire.ABORT, wire.abort_request([request_id])])
         except zmq.ZMQError as exc:
             raise EngineError("UNAVAILABLE", f"the abort could not be sent: {exc}") from None
+        # The engine never confirms one: this line is the only trace an abort leaves.
+        log.info("ZMQ worker %s: ABORT of %s sent to engine %d", self.addresses.path, request_id,
+                 self.engines[identity].index)
 
     def loads(self) -> tuple[int, int, float] | None:
         """Running and waiting requests, and the mean KV-cache use, from the engines' last stats."""
