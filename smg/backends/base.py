@@ -120,7 +120,7 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
 
 
 class Connector(Protocol):
-    name: str  # the journal's backend name: "http", "grpc", "anthropic"
+    name: str  # the journal's backend name: "http", "grpc", "zmq", "anthropic"
 
     async def start(self) -> None: ...
 

@@ -303,7 +303,7 @@ class EngineConnector:
                     log.warning("worker %s unreachable (%s)", worker.url, exc.message)
                     lease.failed(Failure("unavailable", err))
                     continue
-                if exc.unavailable:
+                if exc.code == "UNAVAILABLE":
                     # The engine went away mid-answer: the worker is down until a health check passes.
                     lease.failed(Failure("unavailable", err, retryable=False))
                 else:
