@@ -173,15 +173,18 @@ class ZmqEngineClient:
         queue = await transport.submit(call.request_id, payload)
         prompt = len(call.input_ids)
         total = 0
+        ended = False  # the engine finished the request or failed it
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, EngineError):
+                    ended = True
                     raise item
                 if item.new_token_ids:
                     total += len(item.new_token_ids)
                     yield EngineChunk(token_ids=list(item.new_token_ids), prompt_tokens=prompt, completion_tokens=total)
                 if item.finish_reason is not None:
+                    ended = True
                     stop = item.stop_reason
                     yield EngineDone(
                         finish_reason=item.finish_reason,
@@ -195,8 +198,13 @@ class ZmqEngineClient:
             owner = transport.finish(call.request_id)
             if owner is not None:
                 self._unfinished[call.request_id] = owner
-            log.debug("request %s closed after %d tokens, %s", call.request_id, total,
-                      "engine still running" if owner is not None else "engine finished")
+            if not ended:
+                # Closed by the gateway (a client gone, a stop string matched): the engine may have
+                # finished meanwhile (its outputs are read ahead), else an ABORT follows.
+                log.info(
+                    "ZMQ worker %s: request %s closed after %d tokens; %s", self.transport.addresses.path,
+                    call.request_id, total, "ABORT follows" if owner is not None else "the engine had finished it",
+                )
 
     async def abort(self, request_id: str) -> None:
         """The engine does not confirm an abort: the request already ended for the gateway."""
