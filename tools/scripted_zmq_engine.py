@@ -19,8 +19,13 @@ name, and `fields`, the array's length), `Aborts`, `Release`, `Reset`, and `Die`
 engine dies once `after_tokens` tokens were sent. When the script's tokens run out before any
 stop, the generation ends as `length` (a real engine would go on to `max_tokens`).
 
+With ``--runtime tokenspeed`` it speaks TokenSpeed's messages on the same transport instead: a
+tagged `TokenizedGenerateReqInput` in (recorded with its fields by name, the nested sampling
+array as sent), tagged `BatchTokenIDOutSlim` columns out, finish reasons as strings, a matched
+stop token trimmed from the ids but counted; it stops at its own model's EOS.
+
 Run: ``python -m tools.scripted_zmq_engine --path PATH --model-path DIR --control-port P
-[--handshake-address tcp://H:P] [--max-model-len N] [--engine-index I]``. It prints a line
+[--handshake-address tcp://H:P] [--max-model-len N] [--engine-index I] [--runtime vllm|tokenspeed]``. It prints a line
 starting with ``scripted zmq engine ready`` once its control service serves, and one starting
 with ``scripted zmq engine registered`` once the gateway took it.
 """
@@ -63,6 +68,21 @@ REQUEST_FIELDS = (
     "cache_salt",
     "data_parallel_rank",
 )
+TOKENSPEED_REQUEST = "TokenizedGenerateReqInput"
+TOKENSPEED_OUTPUT = "BatchTokenIDOutSlim"
+TOKENSPEED_FIELDS = (
+    "tag",
+    "request_id",
+    "http_worker_ipc",
+    "input_text",
+    "prompt_token_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "stream",
+)
 STOP, LENGTH = 0, 1
 
 
@@ -98,8 +118,11 @@ class ZmqEngine:
     released: asyncio.Event = field(default_factory=asyncio.Event)
     running: dict[str, _Running] = field(default_factory=dict)
     dead: asyncio.Event = field(default_factory=asyncio.Event)
+    runtime: str = "vllm"  # or "tokenspeed": its native messages on the same transport
     push: zmq.asyncio.Socket | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)  # tokens generated per request (TokenSpeed's counts)
+    prompts: dict[str, int] = field(default_factory=dict)
 
     @property
     def identity(self) -> bytes:
@@ -173,8 +196,27 @@ class ZmqEngine:
         return {"num_running_reqs": len(self.running), "num_waiting_reqs": 0, "kv_cache_usage": 0.0}
 
     async def send(self, outputs: list[list[Any]]) -> None:
+        """vLLM's `EngineCoreOutput`s, sent as the runtime spells a batch."""
         assert self.push is not None
-        await self.push.send(_pack([self.index, outputs, self.stats(), time.monotonic()]))
+        if self.runtime != "tokenspeed":
+            await self.push.send(_pack([self.index, outputs, self.stats(), time.monotonic()]))
+            return
+        columns: list[list[Any]] = [[] for _ in range(8)]
+        for output in outputs:
+            request_id, ids = output[0], list(output[1])
+            finish = output[5] if len(output) > 5 else None
+            count = self.counts.get(request_id, 0) + len(ids)
+            self.counts[request_id] = count
+            if finish == STOP:
+                ids = ids[:-1]  # TokenSpeed trims the EOS or stop token it matched from the ids (still counted)
+            reason = "" if finish is None else ("stop" if finish == STOP else "length")
+            for column, value in zip(
+                columns, (request_id, ids, reason, self.prompts.get(request_id, 0), count, 0, [], []), strict=True
+            ):
+                column.append(value)
+            if finish is not None:
+                self.counts.pop(request_id, None)
+        await self.push.send(_pack([TOKENSPEED_OUTPUT, *columns, self.index, len(self.running), 0, 10, 1000]))
 
     def take_script(self, prompt_ids: list[int]) -> Script:
         decoded: list[str] = []
@@ -193,12 +235,23 @@ class ZmqEngine:
 
     async def add(self, payload: bytes) -> None:
         fields = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        record = {name: fields[i] for i, name in enumerate(REQUEST_FIELDS) if i < len(fields)}
-        record["fields"] = len(fields)
-        self.received.append(record)
-        request_id: str = fields[0]
-        prompt: list[int] = fields[1] or []
-        params: dict[str, Any] = fields[3] or {}
+        if self.runtime == "tokenspeed":
+            if fields[0] != TOKENSPEED_REQUEST:
+                await self.die(f"not a {TOKENSPEED_REQUEST}: {fields[0]!r}")
+                return
+            record = {name: fields[i] for i, name in enumerate(TOKENSPEED_FIELDS) if i < len(fields)}
+            record["fields"] = len(fields)
+            self.received.append(record)
+            request_id, prompt, native = fields[1], fields[4] or [], fields[5]
+            # The engine knows its own EOS; max_new_tokens and stop_token_ids are positions 0 and 2.
+            params = {"_eos_token_id": self.eos_token_id, "stop_token_ids": native[2] or [], "max_tokens": native[0]}
+        else:
+            record = {name: fields[i] for i, name in enumerate(REQUEST_FIELDS) if i < len(fields)}
+            record["fields"] = len(fields)
+            self.received.append(record)
+            request_id = fields[0]
+            prompt = fields[1] or []
+            params = fields[3] or {}
         if len(prompt) > self.max_model_len:
             await self.die(f"a prompt of {len(prompt)} tokens does not fit max_model_len {self.max_model_len}")
             return
@@ -206,6 +259,7 @@ class ZmqEngine:
             await self.die("a prompt token id is out of vocabulary")
             return
         script = self.take_script(prompt)
+        self.prompts[request_id] = len(prompt)
         running = self.running[request_id] = _Running()
         task = asyncio.get_running_loop().create_task(self.generate(request_id, script, params, running))
         self.tasks.add(task)
@@ -354,6 +408,7 @@ async def main_async(args: argparse.Namespace) -> int:
         vocab_size=int(config.get("vocab_size") or len(tokenizer)),
         tokenizer=tokenizer,
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        runtime=args.runtime,
     )
     address = args.handshake_address or zmq_addresses(f"ipc://{args.path}").handshake
     server = control_server(engine, args.control_port)
@@ -388,6 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--handshake-address", default=None)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--runtime", choices=("vllm", "tokenspeed"), default="vllm")
     sys.exit(asyncio.run(main_async(parser.parse_args(argv))))
 
 

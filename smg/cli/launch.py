@@ -177,9 +177,7 @@ def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -
     from smg.backends.zmq import ZMQ_RUNTIMES
 
     if backend is None:
-        raise LaunchError("ipc:// (ZMQ) workers need --backend vllm: the ZMQ wire cannot be detected")
-    if backend == "tokenspeed":
-        raise LaunchError("--backend tokenspeed over ipc:// (ZMQ) is not served by this gateway yet; use grpc://")
+        raise LaunchError("ipc:// (ZMQ) workers need --backend vllm or tokenspeed: the ZMQ wire cannot be detected")
     if backend not in ZMQ_RUNTIMES:
         raise LaunchError(f"--backend {backend} cannot serve ipc:// workers; use one of {', '.join(ZMQ_RUNTIMES)}")
     if not model_path:

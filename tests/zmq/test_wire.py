@@ -109,3 +109,28 @@ def test_the_model_directory_gives_eos_ids_and_vocabulary(tmp_path: Path) -> Non
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": [8, 9]}')
     assert model_dir_facts(str(tmp_path)) == ([7, 8, 9], 100)
     assert model_dir_facts("org/not-a-local-dir") == ([], None)
+
+
+def test_tokenspeed_outputs_read_columns_and_the_appended_load() -> None:
+    from smg.backends.zmq import tokenspeed
+
+    batch = tokenspeed.outputs(
+        msgpack.packb(
+            ["BatchTokenIDOutSlim", ["a", "b"], [[10], []], ["", "stop"], [3, 4], [1, 7], [0, 0], [[], []], [[], []],
+             1, 2, 5, 100, 400, "appended later"]
+        )
+    )
+    assert [(o.request_id, o.new_token_ids, o.finish_reason, o.completion_tokens) for o in batch.outputs] == [
+        ("a", [10], None, 1),
+        ("b", [], "stop", 7),
+    ]
+    assert batch.engine_index == 1
+    assert batch.scheduler_stats == {"num_running_reqs": 2, "num_waiting_reqs": 5, "kv_cache_usage": 0.25}
+    older = tokenspeed.outputs(msgpack.packb(["BatchTokenIDOutSlim", [], [], [], [], [], [], [], []]))
+    assert older.engine_index == 0 and older.scheduler_stats is None
+    with pytest.raises(ValueError, match="ragged"):
+        tokenspeed.outputs(msgpack.packb(["BatchTokenIDOutSlim", ["a"], [], [""], [1], [1], [0], [[]], [[]]]))
+    with pytest.raises(ValueError):
+        tokenspeed.outputs(msgpack.packb([0, [], None, 1.0]))
+    request = msgpack.unpackb(tokenspeed.add_request("r", [1, 2], ["sp"]), raw=False)
+    assert request == ["TokenizedGenerateReqInput", "r", None, None, [1, 2], ["sp"], False, -1, 0, None, True]

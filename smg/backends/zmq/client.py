@@ -1,4 +1,4 @@
-"""A vLLM engine over ZMQ as an `EngineClient`, so the engine pipeline serves it as it serves gRPC.
+"""A vLLM (or TokenSpeed) engine over ZMQ as an `EngineClient`, so the engine pipeline serves it as it serves gRPC.
 
 EngineCore has no tokenizer and no model metadata service, so what gRPC's `GetModelInfo`
 answers comes from elsewhere: the model id is the gateway's `--model-path` string (the
@@ -29,13 +29,13 @@ from smg.backends.grpc.types import (
     EngineLoad,
     GenerateCall,
 )
-from smg.backends.zmq import wire
+from smg.backends.zmq import tokenspeed, wire
 from smg.backends.zmq.addresses import zmq_addresses
 from smg.backends.zmq.transport import Transport
 
 log = logging.getLogger("smg.zmq")
 
-ZMQ_RUNTIMES = ("vllm",)
+ZMQ_RUNTIMES = ("vllm", "tokenspeed")
 
 
 def _ids(value: Any) -> list[int]:
@@ -96,7 +96,8 @@ class ZmqEngineClient:
         self.runtime = runtime
         self.target = url
         self.model_id = model_id
-        self.transport = Transport(zmq_addresses(url), engine_count)
+        decode = tokenspeed.outputs if runtime == "tokenspeed" else wire.outputs
+        self.transport = Transport(zmq_addresses(url), engine_count, decode)
         self.eos_token_ids, self.vocab_size = model_dir_facts(model_id)
         self._unfinished: dict[str, bytes] = {}  # closed before the engine finished: abort goes there
 
@@ -154,6 +155,19 @@ class ZmqEngineClient:
         max_tokens = call.max_tokens if call.max_tokens is not None else room
         if room is not None and max_tokens is not None:
             max_tokens = min(max_tokens, room)
+        if self.runtime == "tokenspeed":
+            # TokenSpeed knows its EOS; it gets the stop ids and the constraint as its own fields.
+            native = tokenspeed.sampling_params(
+                max_tokens=max(1, max_tokens or 1),
+                temperature=call.temperature,
+                top_p=call.top_p,
+                top_k=call.top_k,
+                min_p=call.min_p,
+                repetition_penalty=call.repetition_penalty,
+                stop_token_ids=call.stop_token_ids,
+                constraint=call.constraint,
+            )
+            return tokenspeed.add_request(call.request_id, call.input_ids, native)
         params = wire.sampling_params(
             max_tokens=max(1, max_tokens or 1),
             temperature=call.temperature,
@@ -182,6 +196,9 @@ class ZmqEngineClient:
                     raise item
                 if item.new_token_ids:
                     total += len(item.new_token_ids)
+                # TokenSpeed counts a stop token it trimmed from the ids: trust its running total.
+                total = max(total, item.completion_tokens or 0)
+                if item.new_token_ids:
                     yield EngineChunk(token_ids=list(item.new_token_ids), prompt_tokens=prompt, completion_tokens=total)
                 if item.finish_reason is not None:
                     ended = True

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +54,16 @@ Delivery = wire.Output | EngineError
 class Transport:
     """The worker's three sockets and the engines registered on them."""
 
-    def __init__(self, addresses: ZmqAddresses, engine_count: int = 1) -> None:
+    def __init__(
+        self,
+        addresses: ZmqAddresses,
+        engine_count: int = 1,
+        decode: Callable[[bytes], wire.Outputs] = wire.outputs,
+    ) -> None:
         if engine_count < 1:
             raise ValueError("a ZMQ worker has at least one engine")
         self.addresses = addresses
+        self._decode = decode  # the engine protocol's output frames (vLLM's or TokenSpeed's)
         self.engine_count = engine_count
         self.engines: dict[bytes, EngineRank] = {}
         self.death: str | None = None  # why the worker is down, once an engine died
@@ -265,7 +271,7 @@ class Transport:
                 self._died("the engine died (ENGINE_CORE_DEAD)")
                 continue
             try:
-                batch = wire.outputs(frames[0])
+                batch = self._decode(frames[0])
             except ValueError as exc:
                 errors += 1
                 log.warning("ZMQ worker %s: %s", self.addresses.path, exc)

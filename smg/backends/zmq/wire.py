@@ -153,6 +153,8 @@ class Output:
     new_token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_tokens: int | None = None  # TokenSpeed's counts (vLLM's outputs carry none)
+    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True)
