@@ -37,6 +37,7 @@ class GatewayConfig:
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
+    zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

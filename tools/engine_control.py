@@ -67,6 +67,10 @@ class EngineControl:
         """Make HealthCheck answer healthy or not."""
         self._call("SetHealth", {"healthy": healthy})
 
+    def die(self) -> None:
+        """The scripted ZMQ engine: send `ENGINE_CORE_DEAD` and exit."""
+        self._call("Die")
+
     def close(self) -> None:
         self._channel.close()
 

@@ -129,7 +129,7 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
 
 
 class Connector(Protocol):
-    name: str  # the journal's backend name: "http", "grpc", "anthropic"
+    name: str  # the journal's backend name: "http", "grpc", "zmq", "anthropic"
 
     async def start(self) -> None: ...
 
@@ -149,7 +149,8 @@ class Connector(Protocol):
         ...
 
     async def load(self, target: Target) -> int | None:
-        """The requests the worker itself reports running or waiting; None when it cannot say."""
+        """The requests the worker itself reports running or waiting; None when it cannot say.
+        Raises `WorkerUnreachable` when the connector knows the worker is gone."""
         ...
 
     def ready(self, targets: Sequence[Target]) -> bool:

@@ -103,6 +103,7 @@ def build_config(
     journal_retention: str | None = None,
     journal_bodies: str = "full",
     observability: ObservabilityConfig | None = None,
+    zmq_engine_count: int = 1,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -120,12 +121,12 @@ def build_config(
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     if "zmq" in kinds:
-        raise LaunchError("ipc:// (ZMQ) workers are not supported by this gateway yet; use grpc:// or http(s)://")
+        _check_zmq(backend, model_path, zmq_engine_count)
     if router.pd and any(worker_kind(u) != "http" for u in [*(u for u, _ in prefill_urls), *decode_urls]):
         raise LaunchError("prefill/decode over gRPC or ZMQ is not served by this gateway yet; use http(s):// workers")
     if len(kinds) > 1 and not router.igw:
-        raise LaunchError("mixing gRPC and HTTP workers needs IGW mode (--enable-igw)")
-    grpc = "grpc" in kinds or (router.igw and not kinds)
+        raise LaunchError("mixing gRPC, ZMQ and HTTP workers needs IGW mode (--enable-igw)")
+    grpc = bool(kinds & {"grpc", "zmq"}) or (router.igw and not kinds)
     if "grpc" in kinds and backend is not None and backend not in ENGINE_RUNTIMES:
         runtimes = ", ".join(ENGINE_RUNTIMES)
         raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
@@ -197,7 +198,22 @@ def build_config(
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
         observability=observability or ObservabilityConfig(),
+        zmq_engine_count=zmq_engine_count,
     )
+
+
+def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -> None:
+    """ipc:// workers: the wire cannot be detected, and EngineCore reports no model id."""
+    from smg.backends.zmq import ZMQ_RUNTIMES
+
+    if backend is None:
+        raise LaunchError("ipc:// (ZMQ) workers need --backend vllm or tokenspeed: the ZMQ wire cannot be detected")
+    if backend not in ZMQ_RUNTIMES:
+        raise LaunchError(f"--backend {backend} cannot serve ipc:// workers; use one of {', '.join(ZMQ_RUNTIMES)}")
+    if not model_path:
+        raise LaunchError("ipc:// (ZMQ) workers need --model-path: it is the model id and the tokenizer")
+    if engine_count < 1:
+        raise LaunchError("--zmq-engine-count must be at least 1")
 
 
 def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
@@ -205,17 +221,23 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     IGW mode), and the static workers it starts with."""
     from smg.backends.anthropic import AnthropicConnector
     from smg.backends.base import Connector
-    from smg.backends.grpc.backend import GrpcConnector
+    from smg.backends.grpc.backend import EngineConnector
     from smg.backends.http.pd import HttpPdConnector
     from smg.backends.http.relay import HttpConnector
+    from smg.backends.zmq.connector import zmq_connector
+    from smg.pipeline.tokenizers.registry import TokenizerRegistry
 
     kinds = {worker_kind(u) for u in config.worker_urls}
     anthropic = config.backend == "anthropic"
     connectors: dict[str, Connector] = {}
     if config.router.igw or anthropic:
         connectors["anthropic"] = AnthropicConnector(config)
+    # gRPC and ZMQ engines serving one model share its tokenizer.
+    tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
     if config.router.igw or (kinds == {"grpc"} and not anthropic):
-        connectors["grpc"] = GrpcConnector(config)
+        connectors["grpc"] = EngineConnector(config, tokenizers)
+    if config.router.igw or (kinds == {"zmq"} and not anthropic):
+        connectors["zmq"] = zmq_connector(config, tokenizers)
     if config.router.igw or ("http" in kinds and not anthropic) or config.router.pd:
         relay = HttpConnector(config)
         connectors["http"] = relay

@@ -179,6 +179,9 @@ def launch(
             "POST /v1/tokenizers register one.",
         ),
     ] = False,
+    zmq_engine_count: Annotated[
+        int, typer.Option(help="ipc:// (ZMQ) workers: the data-parallel engines that dial each worker.")
+    ] = 1,
     **flags: Any,
 ) -> None:
     """Start the gateway."""
@@ -237,6 +240,7 @@ def launch(
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             observability=observability,
+            zmq_engine_count=zmq_engine_count,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)

@@ -2,8 +2,8 @@
 
 Per request: the model's workers (404 `model_not_found` when none serves it), then the pool —
 an external provider's worker first (Anthropic → the Anthropic connector; any other provider
-→ 501), else one of the self-hosted pools (gRPC, HTTP), weighted by their available workers;
-count_tokens and `max_tokens: 0` prefer a pool whose gateway answers them itself (gRPC). The
+→ 501), else one of the self-hosted pools (gRPC, ZMQ, HTTP), weighted by their available workers;
+count_tokens and `max_tokens: 0` prefer a pool whose gateway answers them itself (gRPC, ZMQ). The
 pool's policy picks the worker of each attempt (`Dispatch`). Without IGW only one kind of
 worker is configured, and the same code path runs with one pool.
 
@@ -51,7 +51,7 @@ PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
     "xai": ("grok-",),
 }
 # Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
-_SELF_ANSWERING = ("grpc",)
+_SELF_ANSWERING = ("grpc", "zmq")
 # Policies that route on the request's text; the others never pay for extracting it.
 _TEXT_POLICIES = NEEDS_TEXT | {"prefix_hash"}
 

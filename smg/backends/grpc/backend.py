@@ -1,4 +1,4 @@
-"""The gRPC connector: the gateway implements the Messages API itself.
+"""The engine connector: the gateway implements the Messages API itself, over gRPC or ZMQ.
 
 For each request (the router has checked that the model is served): its tokenizer ready (the
 registry's three refusals), the conversation rendered and tokenized; count_tokens and
@@ -7,6 +7,9 @@ router's choice) has the prompt checked against its context window, and the engi
 stream is run through the sans-IO `Generation`, yielding `rendered`, `tokens` and `block`
 events. A client that goes away mid-generation has its engine request aborted. An engine's
 runtime is `--backend`'s, else detected from which protocol it answers.
+
+One class serves every engine wire: it is built with a client factory (`grpc_clients`, or the
+ZMQ one in `smg.backends.zmq.connector`) and a name, the journal's backend name.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import logging
 import secrets
 import string
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -32,7 +35,7 @@ from smg.backends.grpc.request import (
     sampling_defaults,
     stop_token_map,
 )
-from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError
+from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, EngineError
 from smg.config import GatewayConfig
 from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
@@ -69,12 +72,40 @@ def settings_record(settings: GenerationSettings) -> dict[str, Any]:
     return record
 
 
-class GrpcConnector:
-    """Serves Messages and count_tokens from gRPC inference engines."""
+# A worker's engine runtime and its protocol client; raises `WorkerUnreachable`.
+ClientFactory = Callable[[Target], Awaitable[tuple[str, EngineClient]]]
 
-    name = "grpc"
 
-    def __init__(self, config: GatewayConfig, tokenizers: TokenizerRegistry | None = None) -> None:
+async def grpc_clients(target: Target) -> tuple[str, EngineClient]:
+    """A gRPC engine's client, its runtime `--backend`'s or detected from what it answers."""
+    address = strip_scheme(target.url)
+    runtime = target.runtime
+    if runtime is None:
+        try:
+            runtime = await detect_runtime(address)
+        except EngineError as exc:
+            raise WorkerUnreachable(f"runtime detection failed: {exc.message or exc.code}") from None
+        log.info("worker %s speaks the %s engine protocol", target.url, runtime)
+    return runtime, connect(runtime, address)
+
+
+class EngineConnector:
+    """Serves Messages and count_tokens from inference engines (gRPC, ZMQ)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        tokenizers: TokenizerRegistry | None = None,
+        *,
+        name: str = "grpc",
+        clients: ClientFactory = grpc_clients,
+        live_loads: bool = False,
+    ) -> None:
+        self.name = name
+        # The client's `loads` is local knowledge of whether its engine is alive (ZMQ): an
+        # UNAVAILABLE there takes the worker out at once.
+        self._live_loads = live_loads
+        self._clients = clients
         self._config = config
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
@@ -95,17 +126,12 @@ class GrpcConnector:
     async def _engine(self, target: Target) -> EngineWorker:
         engine = self._engines.get(target.id)
         if engine is None:
-            address = strip_scheme(target.url)
-            runtime = target.runtime
-            if runtime is None:
-                try:
-                    runtime = await detect_runtime(address)
-                except EngineError as exc:
-                    raise WorkerUnreachable(f"runtime detection failed: {exc.message or exc.code}") from None
-                log.info("worker %s speaks the %s engine protocol", target.url, runtime)
-            engine = self._engines[target.id] = EngineWorker(
-                url=target.url, client=connect(runtime, address), runtime=runtime
-            )
+            runtime, client = await self._clients(target)
+            engine = self._engines.get(target.id)  # another task may have made it meanwhile
+            if engine is not None:
+                await client.close()
+                return engine
+            engine = self._engines[target.id] = EngineWorker(url=target.url, client=client, runtime=runtime)
         return engine
 
     async def discover(self, target: Target) -> Discovery:
@@ -140,7 +166,9 @@ class GrpcConnector:
             return None
         try:
             loads = await engine.client.loads()
-        except EngineError:
+        except EngineError as exc:
+            if self._live_loads and exc.unavailable:
+                raise WorkerUnreachable(exc.message) from None
             return None
         return None if loads is None else loads.running_requests + loads.waiting_requests
 
@@ -249,6 +277,8 @@ class GrpcConnector:
                 stream=call.stream,
                 constraint=plan.constraint,
             )
+            # An engine without a tokenizer (ZMQ) is told where to stop.
+            engine_call.eos_token_ids = list(tokenizer.eos_token_ids)
             yield lease.routed
             if generation is None:
                 eos = engine.info.eos_token_ids if engine.info else []
@@ -273,7 +303,11 @@ class GrpcConnector:
                     log.warning("worker %s unreachable (%s)", worker.url, exc.message)
                     lease.failed(Failure("unavailable", err))
                     continue
-                lease.answered(err.status)
+                if exc.code == "UNAVAILABLE":
+                    # The engine went away mid-answer: the worker is down until a health check passes.
+                    lease.failed(Failure("unavailable", err, retryable=False))
+                else:
+                    lease.answered(err.status)
                 yield Error(
                     stage="engine",
                     status=err.status,
@@ -336,3 +370,7 @@ class GrpcConnector:
         task = asyncio.get_running_loop().create_task(abort(), name=f"smg-abort-{request_id}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+# The name the gRPC path has always had.
+GrpcConnector = EngineConnector

@@ -30,6 +30,7 @@ class GenerateCall:
     repetition_penalty: float | None = None
     stop: list[str] = field(default_factory=list)  # strings the engine matches itself (not SGLang)
     stop_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = field(default_factory=list)  # for engines without a tokenizer (ZMQ)
     constraint: tuple[ConstraintKind, str] | None = None
     stream: bool = True
     require_reasoning: bool = False
