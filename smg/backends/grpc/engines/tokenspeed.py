@@ -2,9 +2,10 @@
 
 Request: SGLang-like sampling values, but every scalar is `optional` so each is set explicitly
 (top_k -1 when unset), `max_new_tokens`, stop strings sent, the constraint as `regex` /
-`json_schema` / `ebnf_grammar` / `structural_tag`; a PD leg's rendezvous as `kv_bootstrap_info`. Stream: chunks carry new ids and running-total
-counts; the streamed `complete` repeats the last chunk's ids. A matched stop token is trimmed
-from the ids (`no_stop_trim` false) but still counted in `completion_tokens`.
+`json_schema` / `ebnf_grammar` / `structural_tag`; a PD leg's rendezvous as `kv_bootstrap_info`.
+Stream: chunks carry new ids and running-total counts; the streamed `complete` repeats the last
+chunk's ids. A matched stop token is trimmed from the ids (`no_stop_trim` false) but still
+counted in `completion_tokens`.
 """
 
 from __future__ import annotations
