@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from journal.events import Error, Routed, Tokens, Upstream
+from replay.offline import check
 from smg.backends.grpc.pd import NIXL_PREFILL_PARAMS
 from tests.conftest import wait_for_events
 from tests.grpc.conftest import QWEN3, target_of
@@ -140,14 +141,19 @@ def test_sglang_pair_both_legs_get_one_room_and_the_client_gets_decode(pd: Deplo
 
 
 def test_sglang_pair_streams_the_decode_leg(pd: Deployment) -> None:
-    pd.controls["decode"].script({"text": "Streamed from decode.", "chunk_size": 2})
-    with httpx.stream("POST", pd.gateway.url + "/v1/messages", json={**BODY, "stream": True}) as response:
+    pd.controls["decode"].script({"text": "Streamed from decode. STOP here", "chunk_size": 2})
+    body = {**BODY, "stream": True, "stop_sequences": ["STOP"]}
+    with httpx.stream("POST", pd.gateway.url + "/v1/messages", json=body) as response:
         assert response.status_code == 200
         frames = sse_events(response.read().decode())
     text = "".join(d["delta"]["text"] for name, d in frames if name == "content_block_delta")
-    assert text == "Streamed from decode."
+    assert text == "Streamed from decode. "
     assert frames[0][0] == "message_start" and frames[-1][0] == "message_stop"
+    assert [d["delta"]["stop_sequence"] for name, d in frames if name == "message_delta"] == ["STOP"]
     assert pd.controls["decode"].received()[0]["stream"] is True
+    # The record is an ordinary gRPC one: offline replay rebuilds the answer from its tokens.
+    report = check(wait_for_events(pd.journal, response.headers["x-request-id"]))
+    assert report.identical and not report.partial, report.differences
 
 
 def test_a_prefill_failure_is_the_answer_and_the_decode_leg_is_aborted(pd: Deployment) -> None:
@@ -308,3 +314,37 @@ def test_igw_serves_a_pd_pool_beside_a_regular_pool(sglang: Deployment, tmp_path
         if gateway is not None:
             gateway.stop()
         regular.stop()
+
+
+# --- an unreachable leg: another pair ----------------------------------------------------------------
+
+
+def test_an_unreachable_decode_leg_gives_way_to_another_pair(sglang: Deployment, tmp_path: Path) -> None:
+    for control in sglang.controls.values():
+        control.reset()
+    gone = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", MODEL, "--role", "decode"])
+    gateway: Spawned | None = None
+    journal = tmp_path / "retry.db"
+    try:
+        gateway = spawn_gateway(
+            [],
+            journal=journal,
+            extra=["--pd-disaggregation", "--prefill", sglang.url("prefill"), "--decode", sglang.url("decode"),
+                   "--decode", gone.url, "--decode-policy", "round_robin", "--health-check-interval-secs", "3600",
+                   "--model-path", str(QWEN3)],
+        )
+        gone.stop()  # discovered, then gone: only a request finds out
+        sglang.controls["decode"].script({"text": "Still answered."}, default={"text": "Still answered."})
+        replies = [httpx.post(gateway.url + "/v1/messages", json=BODY, timeout=30.0) for _ in range(2)]
+        assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
+        assert all(r.json()["content"][0]["text"] == "Still answered." for r in replies)
+        assert len(sglang.controls["decode"].received()) == 2
+        journaled = [wait_for_events(journal, r.headers["x-request-id"]) for r in replies]
+        routed = [[(e.worker, e.attempt) for e in events if isinstance(e, Routed)] for events in journaled]
+        retried = [attempts for attempts in routed if len(attempts) == 4]
+        assert retried == [[(sglang.url("prefill"), 1), (gone.url, 1), (sglang.url("prefill"), 2),
+                            (sglang.url("decode"), 2)]], routed
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        gone.stop()
