@@ -158,13 +158,13 @@ def test_sglang_pair_streams_the_decode_leg(pd: Deployment) -> None:
 
 def test_a_prefill_failure_is_the_answer_and_the_decode_leg_is_aborted(pd: Deployment) -> None:
     pd.controls["prefill"].script({"error": {"code": "INVALID_ARGUMENT", "message": "no KV room", "after_tokens": 0}})
-    pd.controls["decode"].script({"text": "never seen", "hold_after": 0})
-    reply = pd.post(BODY)
+    # The decode leg answers once (the KV handoff is over), then would go on: it is aborted.
+    pd.controls["decode"].script({"text": "never seen by the client", "hold_after": 1})
+    reply = pd.post({**BODY, "stream": True})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["message"] == "Prefill stream error: no KV room"
     assert reply.headers["x-smg-error-code"] == "prefill_stream_error"
-    # Both calls started at once; the decode one is told to stop whether or not it arrived yet.
     request_id = pd.controls["prefill"].received()[0]["request_id"]
     eventually(lambda: request_id in pd.controls["decode"].aborts(), "the decode leg aborted")
     events = wait_for_events(pd.journal, reply.headers["x-request-id"])

@@ -18,9 +18,12 @@ same runtime:
 
 Both legs share one engine request id per dispatch, `<message id>-<uuid>`. A prefill leg that
 fails ends the request with `Prefill stream error: …` and the status its failure maps to; an
-unreachable leg lets the router try another pair. The prefill leg is journaled after the answer
-as an `upstream` part `prefill:complete` (projections ignore it), so the recorded `tokens` are
-the decode leg's alone and offline replay reads them as any gRPC record.
+unreachable leg lets the router try another pair. A decode leg dropped before its first answer
+(the prefill failed, the client left) is aborted once that answer comes, at most 30 s later, as
+the reference does: tearing a decode down mid-handoff of the KV can crash or leak the engine.
+The prefill leg is journaled after the answer as an `upstream` part `prefill:complete`
+(projections ignore it), so the recorded `tokens` are the decode leg's alone and offline replay
+reads them as any gRPC record.
 
 EPD (`--epd-disaggregation`, TokenSpeed): encode workers join the pool and are health-checked;
 they take part only in a request with media, and the gRPC path serves text alone (images are
@@ -54,6 +57,7 @@ PARALLEL_RUNTIMES = frozenset({"sglang", "tokenspeed"})
 SEQUENTIAL_RUNTIMES = frozenset({"vllm"})
 # The room's range: SGLang's proto field is an int32, TokenSpeed's an int64 (63 random bits).
 _ROOM_BITS = {"sglang": 31, "tokenspeed": 63}
+DECODE_ABORT_WAIT = 30.0  # seconds a dropped decode leg's abort waits for its first answer
 NIXL_PREFILL_PARAMS = '{"do_remote_decode":true,"do_remote_prefill":false}'
 
 
@@ -174,6 +178,7 @@ class GrpcPdConnector:
     def __init__(self, grpc: GrpcConnector) -> None:
         self._grpc = grpc
         self._kv_connectors: dict[str, KvConnector] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
 
     # lifecycle and workers: the engines are the gRPC connector's
 
@@ -181,7 +186,10 @@ class GrpcPdConnector:
         return None
 
     async def close(self) -> None:
-        return None  # the gRPC connector owns the engines and closes them
+        # The gRPC connector owns the engines and closes them; the legs being retired end now.
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
     async def discover(self, target: Target) -> Discovery:
         return await self._grpc.discover(target)
@@ -251,8 +259,7 @@ class GrpcPdConnector:
                 prefill_done = await prefill_task
             except EngineError as exc:
                 if first is not None and decode_stream is not None:
-                    await _close_started(first, decode_stream)
-                    grpc.abort(decode_engine.client, request_id)
+                    self._retire(decode_engine, request_id, first, decode_stream)
                 err = prefill_failure(exc)
                 if exc.unavailable:
                     log.warning("prefill worker %s unreachable (%s)", prefill.url, exc.message)
@@ -268,8 +275,7 @@ class GrpcPdConnector:
                 await asyncio.gather(prefill_task, return_exceptions=True)
                 grpc.abort(prefill_engine.client, request_id)
                 if first is not None and decode_stream is not None:
-                    await _close_started(first, decode_stream)
-                    grpc.abort(decode_engine.client, request_id)
+                    self._retire(decode_engine, request_id, first, decode_stream)
                 raise
             pair.prefill.answered(200)
             if runtime in SEQUENTIAL_RUNTIMES and decode_call.kv_transfer_params is None:
@@ -294,6 +300,32 @@ class GrpcPdConnector:
             pair.answered(200)
             yield _prefill_record(prefill, prefill_call, prefill_done, None)
             return
+
+    def _retire(
+        self,
+        engine: EngineWorker,
+        request_id: str,
+        first: asyncio.Future[EngineEvent],
+        rest: AsyncIterator[EngineEvent],
+    ) -> None:
+        """Stop a decode leg no one will read. Its abort waits for its first answer (at most
+        `DECODE_ABORT_WAIT`): a decode engine torn down mid-handoff of the prefill's KV can
+        crash or leak, as the reference gateway notes; the first answer proves the handoff over."""
+
+        async def retire() -> None:
+            try:
+                await asyncio.wait_for(asyncio.shield(first), DECODE_ABORT_WAIT)
+            except asyncio.CancelledError:
+                await _close_started(first, rest)  # the gateway stops: the call is cancelled
+                raise
+            except Exception:
+                pass  # the leg failed or never answered: abort it all the same
+            await _close_started(first, rest)
+            self._grpc.abort(engine.client, request_id)
+
+        task = asyncio.get_running_loop().create_task(retire(), name=f"smg-retire-{request_id}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def _kv_connector(self, prefill: Target, engine: EngineWorker) -> KvConnector:
         known = self._kv_connectors.get(prefill.id)
