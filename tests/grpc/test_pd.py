@@ -137,6 +137,7 @@ def test_sglang_pair_both_legs_get_one_room_and_the_client_gets_decode(pd: Deplo
     assert sum(len(e.ids) for e in events if isinstance(e, Tokens)) == message["usage"]["output_tokens"]
     (record,) = [e for e in events if isinstance(e, Upstream)]
     assert record.part == "prefill:complete" and record.worker == pd.url("prefill")
+    assert events.index(record) < min(i for i, e in enumerate(events) if isinstance(e, Tokens))
     assert json.loads(record.data or "{}")["completion_tokens"] == 1
 
 

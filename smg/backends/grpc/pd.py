@@ -21,9 +21,9 @@ fails ends the request with `Prefill stream error: …` and the status its failu
 unreachable leg lets the router try another pair. A decode leg dropped before its first answer
 (the prefill failed, the client left) is aborted once that answer comes, at most 30 s later, as
 the reference does: tearing a decode down mid-handoff of the KV can crash or leak the engine.
-The prefill leg is journaled after the answer as an `upstream` part `prefill:complete`
-(projections ignore it), so the recorded `tokens` are the decode leg's alone and offline replay
-reads them as any gRPC record.
+The prefill leg is journaled once it is over as an `upstream` part `prefill:complete`
+(projections and the summary's first-event time ignore it), so the recorded `tokens` are the
+decode leg's alone and offline replay reads them as any gRPC record.
 
 EPD (`--epd-disaggregation`, TokenSpeed): encode workers join the pool and are health-checked;
 they take part only in a request with media, and the gRPC path serves text alone (images are
@@ -261,13 +261,13 @@ class GrpcPdConnector:
                 if first is not None and decode_stream is not None:
                     self._retire(decode_engine, request_id, first, decode_stream)
                 err = prefill_failure(exc)
+                yield _prefill_record(prefill, prefill_call, None, err)
                 if exc.unavailable:
                     log.warning("prefill worker %s unreachable (%s)", prefill.url, exc.message)
                     pair.prefill.failed(Failure("unavailable", err))
                     continue
                 pair.prefill.answered(err.status)
                 yield error_event(err, stage="prefill")
-                yield _prefill_record(prefill, prefill_call, None, err)
                 return
             except BaseException:
                 # The client went away (or the gateway stops) while the prefill ran.
@@ -278,6 +278,8 @@ class GrpcPdConnector:
                     self._retire(decode_engine, request_id, first, decode_stream)
                 raise
             pair.prefill.answered(200)
+            # Journaled before the answer: the client may have it (and be gone) once it is complete.
+            yield _prefill_record(prefill, prefill_call, prefill_done, None)
             if runtime in SEQUENTIAL_RUNTIMES and decode_call.kv_transfer_params is None:
                 if prefill_done.kv_transfer_params is not None:
                     decode_call = replace(decode_call, kv_transfer_params=prefill_done.kv_transfer_params)
@@ -295,10 +297,8 @@ class GrpcPdConnector:
                     continue
                 pair.answered(err.status)
                 yield error_event(err)
-                yield _prefill_record(prefill, prefill_call, prefill_done, None)
                 return
             pair.answered(200)
-            yield _prefill_record(prefill, prefill_call, prefill_done, None)
             return
 
     def _retire(
