@@ -243,7 +243,7 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
         if igw or (pd and "grpc" in legs):
             connectors["pd-grpc"] = GrpcPdConnector(grpc)
         if epd:
-            connectors["epd-grpc"] = GrpcPdConnector(grpc)
+            connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
     if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
         relay = HttpConnector(config)
         connectors["http"] = relay

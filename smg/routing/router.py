@@ -254,7 +254,10 @@ class Router:
         for key, workers in groups.items():
             connector = self._connectors.get(key)
             if connector is not None and not connector.ready(workers):
-                return f"{key} workers not ready (a model's tokenizer is still loading or failed)"
+                return (
+                    f"{key} workers not ready (a model's tokenizer is still loading or failed, or a role of a "
+                    "disaggregated pool has no healthy worker)"
+                )
         return None
 
     def connector(self, key: str) -> Connector | None:

@@ -349,3 +349,28 @@ def test_an_unreachable_decode_leg_gives_way_to_another_pair(sglang: Deployment,
         if gateway is not None:
             gateway.stop()
         gone.stop()
+
+
+def test_readiness_needs_a_healthy_worker_in_each_role(sglang: Deployment) -> None:
+    for control in sglang.controls.values():
+        control.reset()
+    fast = ["--health-check-interval-secs", "0.2", "--health-failure-threshold", "1", "--health-success-threshold", "1"]
+    gateway = spawn_gateway(
+        [],
+        extra=["--pd-disaggregation", "--prefill", sglang.url("prefill"), "--decode", sglang.url("decode"),
+               "--model-path", str(QWEN3), *fast],
+    )
+
+    def readiness() -> int:
+        return httpx.get(gateway.url + "/readiness", timeout=10.0).status_code
+
+    try:
+        eventually(lambda: readiness() == 200, "ready with both roles healthy")
+        sglang.controls["prefill"].health(False)
+        eventually(lambda: readiness() == 503, "not ready without a healthy prefill worker")
+        assert "pd-grpc workers not ready" in httpx.get(gateway.url + "/readiness").json()["reason"]
+        sglang.controls["prefill"].health(True)
+        eventually(lambda: readiness() == 200, "ready again")
+    finally:
+        sglang.controls["prefill"].health(True)
+        gateway.stop()

@@ -175,8 +175,9 @@ class GrpcPdConnector:
 
     name = "grpc-pd"
 
-    def __init__(self, grpc: GrpcConnector) -> None:
+    def __init__(self, grpc: GrpcConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
         self._grpc = grpc
+        self._roles = roles  # the roles that must each have a healthy worker (EPD: encode too)
         self._kv_connectors: dict[str, KvConnector] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -205,7 +206,10 @@ class GrpcPdConnector:
         return await self._grpc.load(target)
 
     def ready(self, targets: Sequence[Target]) -> bool:
-        return self._grpc.ready(targets)
+        """Every role has a healthy worker, as the reference's readiness asks of a PD or EPD
+        deployment, and their models have tokenizers."""
+        roles = {t.role for t in targets if t.models}
+        return all(role in roles for role in self._roles) and self._grpc.ready(targets)
 
     # requests
 
