@@ -42,7 +42,9 @@ class Deployment:
         return httpx.post(self.gateway.url + path, json=body, timeout=30.0)
 
 
-def _deploy(runtime: str, tmp: Path, *, epd: bool = False, bootstrap: str | None = "9123") -> Iterator[Deployment]:
+def _deploy(
+    runtime: str, tmp: Path, *, epd: bool = False, bootstrap: str | None = "9123", prefill_extra: tuple[str, ...] = ()
+) -> Iterator[Deployment]:
     roles = ("encode", "prefill", "decode") if epd else ("prefill", "decode")
     legs: dict[str, Spawned] = {}
     controls: dict[str, EngineControl] = {}
@@ -51,6 +53,7 @@ def _deploy(runtime: str, tmp: Path, *, epd: bool = False, bootstrap: str | None
         for role in roles:
             extra = ["--served-model-name", MODEL, "--role", role]
             extra += ["--max-context-length", str(DECODE_WINDOW if role == "decode" else 4096)]
+            extra += list(prefill_extra) if role == "prefill" else []
             legs[role] = spawn_engine(runtime, model_path=QWEN3, extra=extra)
             controls[role] = EngineControl(target_of(legs[role].url))
         journal = tmp / "pd.db"
@@ -80,6 +83,13 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     yield from _deploy("vllm", tmp_path_factory.mktemp("vllm-pd"), bootstrap=None)
+
+
+@pytest.fixture(scope="module")
+def mooncake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    yield from _deploy(
+        "vllm", tmp_path_factory.mktemp("vllm-mooncake"), prefill_extra=("--kv-connector", "MooncakeConnector")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +261,24 @@ def test_vllm_prefill_failure_never_reaches_decode(vllm: Deployment) -> None:
     assert reply.status_code == 500
     assert reply.json()["error"]["message"] == "Prefill stream error: prefill died"
     assert vllm.controls["decode"].received() == []
+
+
+def test_vllm_mooncake_pair_gets_a_minted_transfer_id_on_both_legs(mooncake: Deployment) -> None:
+    mooncake.controls["decode"].script({"text": "Mooncake decode."})
+    reply = mooncake.post(BODY)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"][0]["text"] == "Mooncake decode."
+    (prefill,), (decode,) = mooncake.controls["prefill"].received(), mooncake.controls["decode"].received()
+    tagged, handoff = json.loads(prefill["kv_transfer_params_json"]), json.loads(decode["kv_transfer_params_json"])
+    assert tagged["do_remote_decode"] is True and tagged["transfer_id"].startswith("xfer-")
+    port = mooncake.url("prefill").rsplit(":", 1)[1]
+    assert handoff == {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "transfer_id": tagged["transfer_id"],
+        "remote_engine_id": f"scripted-prefill-{port}",
+        "remote_bootstrap_addr": "http://127.0.0.1:9123",
+    }
 
 
 # --- TokenSpeed EPD ----------------------------------------------------------------------------------
