@@ -45,7 +45,8 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
     if isinstance(event, Block):
         _apply_block(summary, event)
     elif isinstance(event, Upstream):
-        _first_event(summary, event)
+        if not event.part.startswith("prefill:"):  # a prefill leg's answer is not the client's
+            _first_event(summary, event)
     elif isinstance(event, Counted):
         _first_event(summary, event)
         summary["input_tokens"] = event.input_tokens

@@ -16,6 +16,7 @@ class GatewayConfig:
     worker_urls: tuple[str, ...] = ()
     prefill_urls: tuple[tuple[str, int | None], ...] = ()  # --prefill URL [BOOTSTRAP_PORT]
     decode_urls: tuple[str, ...] = ()  # --decode URL
+    encode_urls: tuple[tuple[str, int | None], ...] = ()  # --encode URL [BOOTSTRAP_PORT] (EPD)
     backend: str | None = None  # --backend: an engine runtime for gRPC workers, or an API (anthropic)
     model_path: str | None = None
     tokenizer_path: str | None = None

@@ -43,6 +43,10 @@ class EngineControl:
         """Every GenerateRequest the engine received, as dicts, in order."""
         return cast(list[dict[str, Any]], self._call("Received")["requests"])
 
+    def encoded(self) -> list[dict[str, Any]]:
+        """Every EncodeRequest an encode worker (`--role encode`) received, as dicts, in order."""
+        return cast(list[dict[str, Any]], self._call("Encoded")["requests"])
+
     def aborts(self) -> list[str]:
         """The request ids named by Abort calls, in order."""
         return cast(list[str], self._call("Aborts")["request_ids"])

@@ -55,6 +55,11 @@ class Target(Protocol):
     context_windows: dict[str, int]
     healthy: bool
 
+    @property
+    def role(self) -> str:
+        """"regular", or a disaggregated deployment's "prefill", "decode", "encode"."""
+        ...
+
 
 @dataclass
 class Discovery:

@@ -43,8 +43,8 @@ def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | No
     return None
 
 
-def _prefill_workers(values: list[str]) -> list[tuple[str, int | None]]:
-    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill."""
+def _prefill_workers(values: list[str], flag: str = "--prefill") -> list[tuple[str, int | None]]:
+    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill (or --encode)."""
     out: list[tuple[str, int | None]] = []
     for value in values:
         url, _, port = value.partition(" ")
@@ -53,7 +53,7 @@ def _prefill_workers(values: list[str]) -> list[tuple[str, int | None]]:
         elif port.isdigit() and 0 < int(port) < 65536:
             out.append((url, int(port)))
         else:
-            raise LaunchError(f"--prefill takes URL [BOOTSTRAP_PORT], got {value!r}")
+            raise LaunchError(f"{flag} takes URL [BOOTSTRAP_PORT], got {value!r}")
     return out
 
 
@@ -95,6 +95,7 @@ def build_config(
     router: RouterConfig | None = None,
     prefill: list[str] | None = None,
     decode: list[str] | None = None,
+    encode: list[str] | None = None,
     mcp_config_path: Path | None = None,
     chat_template: Path | None = None,
     tokenizer_autoload: bool = True,
@@ -108,22 +109,41 @@ def build_config(
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
     decode_urls = list(decode or [])
-    if (prefill_urls or decode_urls) and not router.pd:
-        raise LaunchError("--prefill/--decode need --pd-disaggregation")
+    encode_urls = _prefill_workers(encode or [], "--encode")
+    disaggregated = router.pd or router.epd
+    if router.pd and router.epd:
+        raise LaunchError("--pd-disaggregation and --epd-disaggregation are two modes: choose one")
+    if (prefill_urls or decode_urls) and not disaggregated:
+        raise LaunchError("--prefill/--decode need --pd-disaggregation (or --epd-disaggregation)")
+    if encode_urls and not router.epd:
+        raise LaunchError("--encode needs --epd-disaggregation")
     if router.pd and not router.igw and not (prefill_urls and decode_urls):
         raise LaunchError("--pd-disaggregation needs at least one --prefill URL and one --decode URL")
-    if not worker_urls and not router.igw and not router.pd:
+    if router.epd and not router.igw and not (encode_urls and prefill_urls and decode_urls):
+        raise LaunchError("--epd-disaggregation needs at least one --encode, one --prefill and one --decode URL")
+    leg_urls = [*(u for u, _ in encode_urls), *(u for u, _ in prefill_urls), *decode_urls]
+    if not worker_urls and not router.igw and not disaggregated:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000), unless --enable-igw")
     kinds = set()
-    for url in [*worker_urls, *(u for u, _ in prefill_urls), *decode_urls]:
+    for url in [*worker_urls, *leg_urls]:
         try:
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     if "zmq" in kinds:
         _check_zmq(backend, model_path, zmq_engine_count)
-    if router.pd and any(worker_kind(u) != "http" for u in [*(u for u, _ in prefill_urls), *decode_urls]):
-        raise LaunchError("prefill/decode over gRPC or ZMQ is not served by this gateway yet; use http(s):// workers")
+    leg_kinds = {worker_kind(u) for u in leg_urls}
+    if "zmq" in leg_kinds:
+        # As the reference: the ZMQ wire carries no KV-transfer metadata and has no encode path.
+        raise LaunchError("prefill/decode/encode workers must be grpc:// (or http(s):// for PD): ZMQ carries no KV "
+                          "transfer metadata")
+    if len(leg_kinds) > 1:
+        raise LaunchError("the prefill and decode workers of one deployment use one connection: all grpc:// or all "
+                          "http(s)://")
+    if router.epd and leg_kinds - {"grpc"}:
+        raise LaunchError("--epd-disaggregation serves grpc:// workers (TokenSpeed) only")
+    if router.epd and backend is not None and backend != "tokenspeed":
+        raise LaunchError(f"--epd-disaggregation serves TokenSpeed workers; --backend {backend} has no encode workers")
     if len(kinds) > 1 and not router.igw:
         raise LaunchError("mixing gRPC, ZMQ and HTTP workers needs IGW mode (--enable-igw)")
     grpc = bool(kinds & {"grpc", "zmq"}) or (router.igw and not kinds)
@@ -178,6 +198,7 @@ def build_config(
         worker_urls=tuple(worker_urls),
         prefill_urls=tuple(prefill_urls),
         decode_urls=tuple(decode_urls),
+        encode_urls=tuple(encode_urls),
         backend=backend,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
@@ -222,26 +243,37 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     from smg.backends.anthropic import AnthropicConnector
     from smg.backends.base import Connector
     from smg.backends.grpc.backend import EngineConnector
+    from smg.backends.grpc.pd import GrpcPdConnector
     from smg.backends.http.pd import HttpPdConnector
     from smg.backends.http.relay import HttpConnector
     from smg.backends.zmq.connector import zmq_connector
     from smg.pipeline.tokenizers.registry import TokenizerRegistry
 
     kinds = {worker_kind(u) for u in config.worker_urls}
+    legs = {worker_kind(u) for u, _ in [*config.prefill_urls, *config.encode_urls]} | {
+        worker_kind(u) for u in config.decode_urls
+    }
     anthropic = config.backend == "anthropic"
+    igw, pd, epd = config.router.igw, config.router.pd, config.router.epd
     connectors: dict[str, Connector] = {}
-    if config.router.igw or anthropic:
+    if igw or anthropic:
         connectors["anthropic"] = AnthropicConnector(config)
     # gRPC and ZMQ engines serving one model share its tokenizer.
     tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
-    if config.router.igw or (kinds == {"grpc"} and not anthropic):
-        connectors["grpc"] = EngineConnector(config, tokenizers)
-    if config.router.igw or (kinds == {"zmq"} and not anthropic):
+    if igw or (kinds == {"grpc"} and not anthropic) or "grpc" in legs:
+        grpc = EngineConnector(config, tokenizers)
+        connectors["grpc"] = grpc
+        # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
+        if igw or (pd and "grpc" in legs):
+            connectors["pd-grpc"] = GrpcPdConnector(grpc)
+        if epd:
+            connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
+    if igw or (kinds == {"zmq"} and not anthropic):
         connectors["zmq"] = zmq_connector(config, tokenizers)
-    if config.router.igw or ("http" in kinds and not anthropic) or config.router.pd:
+    if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
         relay = HttpConnector(config)
         connectors["http"] = relay
-        if config.router.igw or config.router.pd:
+        if igw or pd:
             connectors["pd-http"] = HttpPdConnector(config, relay)
     specs = [
         WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
@@ -251,6 +283,7 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     ]
     specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
     specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
+    specs += [WorkerSpec(url=url, role="encode", bootstrap_port=port) for url, port in config.encode_urls]
     return Router(config.router, connectors), specs
 
 

@@ -66,7 +66,6 @@ def router_config(params: dict[str, Any]) -> RouterConfig:
 # Flags of the reference gateway this build knows of but does not serve yet: refused by name,
 # never ignored.
 NOT_YET = {
-    "--epd-disaggregation": "encode/prefill/decode disaggregation",
     "--rate-limit-tokens-per-second": "a refilling admission bucket",
     "--priority-scheduler-enabled": "the priority admission scheduler",
     "--priority-scheduler-config": "the priority admission scheduler",
@@ -94,10 +93,10 @@ def expand_multi_values(argv: list[str]) -> list[str]:
 
 def join_bootstrap_ports(argv: list[str]) -> list[str]:
     """`--prefill URL 9000` → `--prefill 'URL 9000'`: the reference's optional bootstrap port (or
-    `none`) after a prefill URL, kept with its URL."""
+    `none`) after a prefill (or encode) URL, kept with its URL."""
     out: list[str] = []
     for arg in argv:
-        if len(out) >= 2 and out[-2] == "--prefill" and (arg.isdigit() or arg.lower() == "none"):
+        if len(out) >= 2 and out[-2] in ("--prefill", "--encode") and (arg.isdigit() or arg.lower() == "none"):
             out[-1] = f"{out[-1]} {arg}"
             continue
         out.append(arg)
@@ -124,6 +123,10 @@ def launch(
     ] = None,
     decode: Annotated[
         list[str] | None, typer.Option(help="With --pd-disaggregation: a decode worker URL (repeatable).")
+    ] = None,
+    encode: Annotated[
+        list[str] | None,
+        typer.Option(help="With --epd-disaggregation: an encode worker, URL [BOOTSTRAP_PORT] (repeatable)."),
     ] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", "--runtime", help="Engine runtime or API backend (e.g. sglang, vllm).")
@@ -220,6 +223,7 @@ def launch(
             worker_urls=worker_urls or [],
             prefill=prefill or [],
             decode=decode or [],
+            encode=encode or [],
             backend=backend,
             model_path=model_path,
             tokenizer_path=tokenizer_path,

@@ -151,6 +151,7 @@ class RawComplete:
     cached_tokens: int
     matched_token_id: int | None = None
     matched_stop_str: str | None = None
+    kv_transfer_params: str | None = None
 
 
 @dataclass
@@ -196,6 +197,7 @@ class _Tally:
             matched_token_id=raw.matched_token_id,
             matched_stop_str=raw.matched_stop_str,
             cached_tokens=raw.cached_tokens or self.cached,
+            kv_transfer_params=raw.kv_transfer_params,
         )
 
     def ended_without_complete(self) -> EngineDone:
