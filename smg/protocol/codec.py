@@ -1,9 +1,11 @@
 """JSON in and out of the gateway, keeping the values clients send.
 
-orjson on the fast path; the standard library when the text holds an integer literal of 20 or
-more digits, which orjson would turn into a float but a client may legitimately send (and a
-relay must forward unchanged). Non-finite literals (`NaN`, `Infinity`) are not JSON and are
-refused.
+orjson decides what is JSON: its syntax, UTF-8 and surrogate checks and its depth limit (1024)
+hold for every body. When the text holds an integer literal of 20 or more digits, which orjson
+would turn into a float but a client may legitimately send (and a relay must forward unchanged),
+the document orjson accepted is parsed again by the standard library for the exact values; its
+own, laxer rules (lone surrogate escapes, its recursion limit) never decide alone. Non-finite
+literals (`NaN`, `Infinity`) are not JSON and are refused.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ _LONG_INTEGER = re.compile(rb"\d{20}")
 
 
 def loads(data: bytes) -> Any:
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BodyDecodeError(str(exc)) from None
     if not _LONG_INTEGER.search(data):
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise BodyDecodeError(str(exc)) from None
+        return value
     try:
         return json.loads(data, parse_constant=_refuse_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BodyDecodeError(str(exc)) from None
+    except RecursionError:
+        raise BodyDecodeError("the document is nested too deeply to keep its integers exact") from None
 
 
 def dumps(value: Any) -> bytes:

@@ -29,7 +29,7 @@ from smg.protocol.request import (
     ToolChoiceNone,
     ToolChoiceTool,
 )
-from smg.protocol.tools import CustomTool, Tool
+from smg.protocol.tools import CustomTool, InputSchema, Tool
 
 ContentFormat = Literal["string", "openai"]
 ChatMessage = dict[str, Any]
@@ -74,9 +74,17 @@ def convert_tools(tools: Sequence[Tool] | None, tool_choice: ToolChoice | None) 
         function: dict[str, Any] = {"name": tool.name}
         if tool.description is not None:
             function["description"] = tool.description
-        function["parameters"] = tool.input_schema.model_dump(mode="json", exclude_unset=True)
+        function["parameters"] = _schema(tool.input_schema)
         out.append({"type": "function", "function": function})
     return out or None
+
+
+def _schema(schema: InputSchema) -> dict[str, Any]:
+    """The schema as the client sent it (its values came from JSON already). Not `model_dump`:
+    pydantic's serializer has a depth limit that a deeply nested, valid schema exceeds."""
+    out = {name: getattr(schema, name) for name in type(schema).model_fields if name in schema.model_fields_set}
+    out.update(schema.model_extra or {})
+    return out
 
 
 # --- per role ----------------------------------------------------------------------------------
