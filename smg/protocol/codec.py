@@ -11,7 +11,6 @@ literals (`NaN`, `Infinity`) are not JSON and are refused.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -25,7 +24,14 @@ def _refuse_constant(name: str) -> Any:
     raise BodyDecodeError(f"{name} is not valid JSON")
 
 
-_LONG_INTEGER = re.compile(rb"\d{20}")
+# Digits to b"1", every other byte to b"0": a run of 20 digits is then a plain substring search,
+# several times faster than a regular expression over a body of megabytes.
+_DIGITS = bytes(0x31 if 0x30 <= byte <= 0x39 else 0x30 for byte in range(256))
+_RUN = b"1" * 20
+
+
+def _has_long_integer(data: bytes) -> bool:
+    return _RUN in data.translate(_DIGITS)
 
 
 def loads(data: bytes) -> Any:
@@ -33,7 +39,7 @@ def loads(data: bytes) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BodyDecodeError(str(exc)) from None
-    if not _LONG_INTEGER.search(data):
+    if not _has_long_integer(data):
         return value
     try:
         return json.loads(data, parse_constant=_refuse_constant)

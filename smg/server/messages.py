@@ -24,10 +24,13 @@ from smg.protocol.errors import ApiError, invalid_request
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
 from smg.server.auth import check_bearer, tenant_of
+from smg.server.memory import release_after
 from smg.server.responder import Responder
 from smg.server.state import Gateway
 
 log = logging.getLogger("smg.messages")
+
+_PARSE_INLINE_BYTES = 1 << 20
 
 
 def _check_content_type(headers: dict[str, str]) -> None:
@@ -128,7 +131,11 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     outcome = UsageReader()
     try:
         try:
-            call = admit(gateway, endpoint, headers, body, rid)
+            if len(body) > _PARSE_INLINE_BYTES:
+                # Megabytes of JSON parse and validate for a noticeable time: not on the event loop.
+                call = await asyncio.to_thread(admit, gateway, endpoint, headers, body, rid)
+            else:
+                call = admit(gateway, endpoint, headers, body, rid)
             await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
             projection.stream = call.stream
             stage = "backend"
@@ -167,6 +174,7 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 stop_reason=outcome.stop_reason,
             )
         )
+        release_after(len(body))
 
 
 def _observe(outcome: UsageReader, event: object) -> None:

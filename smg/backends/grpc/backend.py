@@ -38,6 +38,7 @@ from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
 from smg.pipeline.output import apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
+from smg.pipeline.render.bound import prompt_token_floor
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.errors import ApiError
@@ -53,10 +54,11 @@ def new_message_id() -> str:
     return "msg_" + "".join(_ALPHANUMERIC[b % 62] for b in secrets.token_bytes(24))
 
 
-def context_exceeded(limit: int, tokens: int) -> ApiError:
+def context_exceeded(limit: int, tokens: int, *, at_least: bool = False) -> ApiError:
+    count = f"at least {tokens}" if at_least else str(tokens)
     return ApiError(
         400,
-        f"This model's maximum context length is {limit} tokens. However, your request has {tokens} input "
+        f"This model's maximum context length is {limit} tokens. However, your request has {count} input "
         "tokens. Please reduce the length of the input.",
         code="context_length_exceeded",
     )
@@ -167,6 +169,12 @@ class GrpcConnector:
         runtimes = {r for r in map(self.runtime_of, pool) if r}
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating)
+        windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
+        if windows and call.endpoint == "messages" and len(call.raw) > _RENDER_INLINE_BYTES:
+            # Refused before rendering when no worker's window can hold it, whatever the template does.
+            floor = prompt_token_floor(tokenizer, request)
+            if floor > max(windows):
+                raise context_exceeded(max(windows), floor, at_least=True)
         if len(call.raw) > _RENDER_INLINE_BYTES:
             # A long conversation renders for tens of milliseconds: not on the event loop.
             prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
@@ -184,7 +192,6 @@ class GrpcConnector:
 
         message_id = new_message_id()
         if not generating:
-            windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
             if windows and len(prompt.ids) > min(windows):
                 raise context_exceeded(min(windows), len(prompt.ids))
             yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
