@@ -31,6 +31,10 @@ from smg.server.state import Gateway
 log = logging.getLogger("smg.messages")
 
 _PARSE_INLINE_BYTES = 1 << 20
+# The upstream clients time one attempt out at --request-timeout-secs too: a single slow attempt
+# is answered by its connector, with the connector's own code, a moment before the request's
+# deadline would cut it; the deadline decides when retries or a hung engine would run past it.
+_DEADLINE_GRACE_SECS = 1.0
 
 
 def _check_content_type(headers: dict[str, str]) -> None:
@@ -139,12 +143,19 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
             projection.stream = call.stream
             stage = "backend"
-            # aclosing: a client that goes away closes the upstream at once, not at GC time.
-            async with aclosing(gateway.router.handle(call)) as events:
-                async for event in events:
-                    await flow.emit(event)
-                    _observe(outcome, event)
-                    await responder.run(projection.feed(event))
+            deadline = asyncio.timeout(gateway.config.request_timeout_secs + _DEADLINE_GRACE_SECS - flow.elapsed())
+            try:
+                async with deadline:
+                    # aclosing: a client that goes away closes the upstream at once, not at GC time.
+                    async with aclosing(gateway.router.handle(call)) as events:
+                        async for event in events:
+                            await flow.emit(event)
+                            _observe(outcome, event)
+                            await responder.run(projection.feed(event))
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                raise _past_deadline(gateway.config.request_timeout_secs) from None
             await responder.run(projection.finish())
             if projection.relayed_error is not None:  # what the client was told, for the summary row
                 await flow.emit(projection.relayed_error)
@@ -175,6 +186,12 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             )
         )
         release_after(len(body))
+
+
+def _past_deadline(seconds: float) -> ApiError:
+    """The request's one deadline (`--request-timeout-secs`) passed: every attempt, retries and
+    backoff included, on every backend. The engine or upstream request was closed (aborted)."""
+    return ApiError(504, f"Request timeout: the request did not complete within {seconds:g} s", code="request_timeout")
 
 
 def _observe(outcome: UsageReader, event: object) -> None:
