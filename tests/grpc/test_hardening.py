@@ -11,7 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.grpc.conftest import MODEL, WINDOW
+from tests.grpc.conftest import MODEL, QWEN3, WINDOW
+from tools.engine_control import EngineControl
 
 HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
 
@@ -82,3 +83,27 @@ def test_a_prompt_just_over_the_window_is_counted_exactly(http: httpx.Client) ->
     body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": text}]}
     error = _envelope(http.post("/v1/messages", content=orjson.dumps(body), headers=HEADERS), 400)
     assert "at least" not in error["message"] and "context length" in error["message"]
+
+
+def test_a_tool_result_before_text_reaches_the_engine_in_that_order(http: httpx.Client, control: EngineControl) -> None:
+    from smg.pipeline.tokenizers import Tokenizer
+
+    control.script({"text": "Done."})
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "SUNNY-RESULT"},
+                {"type": "text", "text": "AND-THEN-TEXT"},
+            ],
+        },
+    ]
+    tools = [{"name": "weather", "input_schema": {"type": "object"}}]
+    body = {"model": MODEL, "max_tokens": 8, "messages": messages, "tools": tools}
+    reply = http.post("/v1/messages", content=orjson.dumps(body), headers=HEADERS)
+    assert reply.status_code == 200, reply.text
+    ids = [int(i) for i in control.received()[-1]["tokenized"]["input_ids"]]
+    prompt = Tokenizer.load(QWEN3).decode(ids, skip_special_tokens=False)
+    assert prompt.index("SUNNY-RESULT") < prompt.index("AND-THEN-TEXT")

@@ -105,8 +105,22 @@ def _user(
 ) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [{"role": "user", "content": message.content}]
+    # The blocks keep their order: a tool result is a `tool` message where it stands, the parts
+    # around it user messages of their own, so a model sees its tool's answer right after its call
+    # even when the client wrote text after the result (`[tool_result, text]`).
+    out: list[ChatMessage] = []
     parts: list[Part] = []
-    tools: list[ChatMessage] = []
+
+    def flush() -> None:
+        nonlocal parts
+        if not parts:
+            return
+        if media_first:
+            parts = [p for p in parts if p["type"] == "image"] + [p for p in parts if p["type"] != "image"]
+        content: str | list[Part] = parts if content_format == "openai" else _join(parts, image_placeholder)
+        out.append({"role": "user", "content": content})
+        parts = []
+
     for position, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
@@ -115,14 +129,9 @@ def _user(
         elif isinstance(block, DocumentBlock):
             parts.append({"type": "text", "text": _document_text(block, f"messages.{index}.content.{position}")})
         elif isinstance(block, ToolResultBlock):
-            tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)})
-    out: list[ChatMessage] = []
-    if parts:
-        if media_first:
-            parts = [p for p in parts if p["type"] == "image"] + [p for p in parts if p["type"] != "image"]
-        content: str | list[Part] = parts if content_format == "openai" else _join(parts, image_placeholder)
-        out.append({"role": "user", "content": content})
-    out.extend(tools)
+            flush()
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)})
+    flush()
     return out
 
 
