@@ -293,6 +293,7 @@ class Model:
     pad_token_id: int
     default_sampling: dict[str, Any]
     bundle_enabled: bool
+    hold_tokenizer: bool = False  # GetTokenizer answers only after a Release
     _bundle: tuple[bytes, str] | None = None
 
     @classmethod
@@ -327,6 +328,7 @@ class Model:
             pad_token_id=_first(config.get("pad_token_id"), generation.get("pad_token_id")),
             default_sampling=defaults,
             bundle_enabled=not args.no_tokenizer_bundle,
+            hold_tokenizer=args.hold_tokenizer,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -1155,6 +1157,8 @@ class Engine:
         return self.wire.loads(len(self.streams), sum(s.tokens for s in self.streams.values()))
 
     async def tokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if self.model.hold_tokenizer:
+            await self.released.wait()
         if not self.model.bundle_enabled:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Tokenizer path is not configured on this server.")
         data, digest = self.model.bundle()
@@ -1262,6 +1266,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-context-length", type=int, default=None)
     parser.add_argument("--no-tokenizer-bundle", action="store_true", help="GetTokenizer answers FAILED_PRECONDITION")
+    parser.add_argument("--hold-tokenizer", action="store_true", help="GetTokenizer waits for a Release")
     parser.add_argument("--eos-token-ids", default="", help="comma-separated; default generation_config.json's")
     parser.add_argument("--default-sampling-params", default="", help="JSON merged into default_sampling_params_json")
     asyncio.run(serve(parser.parse_args(argv)))

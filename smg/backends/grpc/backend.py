@@ -81,6 +81,7 @@ class GrpcConnector:
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
         self._aborts: set[asyncio.Task[None]] = set()
+        self._autoloads: dict[str, asyncio.Task[None]] = {}  # engine URL → its tokenizer's autoload
         self._configured_tokenizer = config.tokenizer_path or config.model_path
         self._chat_template = str(config.chat_template) if config.chat_template else None
 
@@ -91,6 +92,9 @@ class GrpcConnector:
 
     async def close(self) -> None:
         await asyncio.gather(*self._aborts, return_exceptions=True)
+        for task in self._autoloads.values():
+            task.cancel()
+        await asyncio.gather(*self._autoloads.values(), return_exceptions=True)
         await self.tokenizers.close()
         await asyncio.gather(*(e.client.close() for e in self._engines.values()), return_exceptions=True)
 
@@ -119,6 +123,19 @@ class GrpcConnector:
         return found
 
     async def _register_tokenizer(self, engine: EngineWorker) -> None:
+        """A configured tokenizer is loaded before the worker serves; an autoloaded one (fetched
+        from the worker, seconds for a real model) loads while the gateway already serves, and
+        requests for its model are answered 503 `tokenizer_not_ready` meanwhile."""
+        if self._configured_tokenizer:
+            await self._load_tokenizer(engine)
+            return
+        if engine.url in self._autoloads:
+            return
+        task = asyncio.get_running_loop().create_task(self._load_tokenizer(engine), name=f"smg-autoload-{engine.url}")
+        self._autoloads[engine.url] = task
+        task.add_done_callback(lambda _: self._autoloads.pop(engine.url, None))
+
+    async def _load_tokenizer(self, engine: EngineWorker) -> None:
         await register_tokenizer(
             engine, self.tokenizers, configured_path=self._configured_tokenizer, chat_template=self._chat_template
         )
