@@ -190,7 +190,9 @@ def build_app(
             return refused
         if request.method == "DELETE":
             return await tokenizers.remove(request, key)
-        return await tokenizers.status(request, key.removesuffix("/status"))
+        if key.endswith("/status"):
+            return await tokenizers.status(request, key.removesuffix("/status"))
+        return await tokenizers.info(request, key)
 
     @app.route("/workers", methods=["GET", "POST"], name="workers")
     async def _workers(request: Any) -> HTTPResponse:

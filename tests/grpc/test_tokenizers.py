@@ -273,3 +273,29 @@ def test_context_window_edge(tmp_path: Path) -> None:
         control.close()
         gateway.stop()
         engine.stop()
+
+
+def test_the_admin_api_answers_in_the_references_shapes(private: tuple[Spawned, httpx.Client]) -> None:
+    """TokenizerInfo, AddTokenizerResponse and RemoveTokenizerResponse of the reference
+    (`routers/tokenize/handlers.rs`); `vocab_size` is the base vocabulary, added tokens left out."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    _, client = private
+    base = RustTokenizer.from_file(str(QWEN3 / "tokenizer.json")).get_vocab_size(with_added_tokens=False)
+    [listed] = client.get("/v1/tokenizers").json()["tokenizers"]
+    assert set(listed) == {"id", "name", "source", "vocab_size"} and listed["vocab_size"] == base
+    assert client.get(f"/v1/tokenizers/{listed['id']}").json() == listed
+    assert client.get(f"/v1/tokenizers/{MODEL}/status").json() == {
+        "id": listed["id"],
+        "status": "completed",
+        "message": f"Tokenizer '{MODEL}' is loaded and ready",
+        "vocab_size": base,
+    }
+    removed = client.delete(f"/v1/tokenizers/{listed['id']}")
+    assert removed.status_code == 200
+    assert removed.json() == {"success": True, "message": f"Tokenizer '{MODEL}' removed successfully"}
+    again = client.delete(f"/v1/tokenizers/{listed['id']}")
+    assert again.status_code == 404
+    assert again.json() == {"success": False, "message": f"Tokenizer '{listed['id']}' not found"}
+    missing = client.get(f"/v1/tokenizers/{listed['id']}")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "tokenizer_not_found"

@@ -81,7 +81,10 @@ class Tokenizer:
         self.special_ids: frozenset[int] = frozenset(
             {*hf.all_special_ids, *(i for i, t in hf.added_tokens_decoder.items() if t.special)}
         )
-        self.vocab_size: int = len(hf)
+        # The reference reports the base vocabulary, added tokens left out (`get_vocab_size(false)`).
+        self.vocab_size: int = (
+            int(self._backend.get_vocab_size(with_added_tokens=False)) if self._backend is not None else len(hf)
+        )
         self._ast = _parse(self.chat_template)
         self.thinking_toggle: str | None = _thinking_toggle(self.chat_template, self._ast)
         self.thinking_default: bool | None = self._probe_thinking_default()
