@@ -23,7 +23,9 @@ class GatewayConfig:
     model_aliases: dict[str, str] = field(default_factory=dict)
     api_key: str | None = None
     cors_allowed_origins: tuple[str, ...] = ()
-    request_timeout_secs: float = 1800.0
+    request_timeout_secs: float = 1800.0  # one deadline per request, every attempt included
+    header_read_timeout_secs: float = 30.0  # a request's head and body, read whole, from its first byte
+    max_connections: int | None = None  # open client connections; None: from the descriptor limit
     log_level: str = "info"
     journal_path: Path | None = Path("smg-journal.db")
     journal_bodies: str = "full"  # full | redacted | none (journal.bodies)

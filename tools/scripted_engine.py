@@ -321,6 +321,7 @@ class Model:
     kv_connector: str = ""  # vLLM GetServerInfo: the engine's KV connector ("" when not disaggregated)
     kv_role: str = ""
     kv_engine_id: str = ""
+    hold_tokenizer: bool = False  # GetTokenizer answers only after a Release
     _bundle: tuple[bytes, str] | None = None
 
     @classmethod
@@ -362,6 +363,7 @@ class Model:
             kv_connector=connector,
             kv_role={"prefill": "kv_producer", "decode": "kv_consumer"}.get(role, "") if connector else "",
             kv_engine_id=f"scripted-{role}-{args.port}" if connector else "",
+            hold_tokenizer=args.hold_tokenizer,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -1251,6 +1253,8 @@ class Engine:
         return self.wire.loads(len(self.streams), sum(s.tokens for s in self.streams.values()))
 
     async def tokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if self.model.hold_tokenizer:
+            await self.released.wait()
         if not self.model.bundle_enabled:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "Tokenizer path is not configured on this server.")
         data, digest = self.model.bundle()
@@ -1378,6 +1382,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-context-length", type=int, default=None)
     parser.add_argument("--no-tokenizer-bundle", action="store_true", help="GetTokenizer answers FAILED_PRECONDITION")
+    parser.add_argument("--hold-tokenizer", action="store_true", help="GetTokenizer waits for a Release")
     parser.add_argument("--eos-token-ids", default="", help="comma-separated; default generation_config.json's")
     parser.add_argument("--default-sampling-params", default="", help="JSON merged into default_sampling_params_json")
     parser.add_argument("--role", choices=ROLES, default="regular", help="a leg of a disaggregated deployment")

@@ -218,7 +218,8 @@ def spawn_gateway(
     """Start `smg launch` on 127.0.0.1 in front of ``worker_urls`` and wait for its ``/health``.
 
     The gateway discovers its workers before it serves, so once ``/health`` answers the
-    model list is known. Without ``journal`` the gateway runs with ``--no-journal``.
+    model list is known; a tokenizer autoloaded from a gRPC worker may still be loading then
+    (``/readiness`` says when it is). Without ``journal`` the gateway runs with ``--no-journal``.
     """
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"

@@ -13,7 +13,7 @@ import httpx
 
 from journal.events import Error, Event, Upstream
 from journal.pieces import TextPieces
-from smg.protocol.errors import describe_exception
+from smg.protocol.errors import describe_upstream_failure
 
 
 class BodyTooLarge(ValueError):
@@ -33,7 +33,7 @@ async def stream_parts(response: httpx.Response) -> AsyncGenerator[Event, None]:
             stage="upstream",
             status=502,
             error_type="api_error",
-            message=f"Upstream stream ended unexpectedly: {describe_exception(exc)}",
+            message=f"Upstream stream ended unexpectedly: {describe_upstream_failure(exc)}",
             code="upstream_stream_interrupted",
         )
         return

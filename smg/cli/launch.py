@@ -105,6 +105,8 @@ def build_config(
     journal_bodies: str = "full",
     observability: ObservabilityConfig | None = None,
     zmq_engine_count: int = 1,
+    header_read_timeout_secs: float = 30.0,
+    max_connections: int | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -191,6 +193,10 @@ def build_config(
         raise LaunchError("--port must be between 1 and 65535")
     if request_timeout_secs <= 0:
         raise LaunchError("--request-timeout-secs must be positive")
+    if header_read_timeout_secs <= 0:
+        raise LaunchError("--header-read-timeout-secs must be positive")
+    if max_connections is not None and max_connections < 1:
+        raise LaunchError("--max-connections must be at least 1")
     retention = _journal_settings(journal_path, journal_retention, journal_bodies)
     return GatewayConfig(
         host=host,
@@ -206,6 +212,8 @@ def build_config(
         api_key=api_key or None,
         cors_allowed_origins=tuple(cors_allowed_origins),
         request_timeout_secs=request_timeout_secs,
+        header_read_timeout_secs=header_read_timeout_secs,
+        max_connections=max_connections,
         log_level=log_level.lower(),
         journal_path=journal_path,
         journal_bodies=journal_bodies,
@@ -291,6 +299,7 @@ def run(config: GatewayConfig, admission: Gates | None = None) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
     from smg.server.app import build_app
+    from smg.server.connections import default_max_connections, guarded_protocol
 
     router, static = build_router(config)
     journal = (
@@ -300,7 +309,9 @@ def run(config: GatewayConfig, admission: Gates | None = None) -> None:
     )
     app = build_app(config, router, journal, static, admission=admission)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
+    max_connections = config.max_connections or default_max_connections()
     app.run(
+        protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
         host=config.host,
         port=config.port,
         single_process=True,

@@ -144,7 +144,16 @@ def launch(
     cors_allowed_origins: Annotated[
         list[str] | None, typer.Option(help="Origins allowed cross-origin (default: any).")
     ] = None,
-    request_timeout_secs: Annotated[float, typer.Option(help="Upstream request timeout.")] = 1800.0,
+    request_timeout_secs: Annotated[
+        float, typer.Option(help="Each request's deadline, every attempt included (504 timeout_error past it).")
+    ] = 1800.0,
+    header_read_timeout_secs: Annotated[
+        float, typer.Option(help="A request's head and body must arrive whole within this, from the first byte.")
+    ] = 30.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Open client connections at most; more are answered 503 (default: from the fd limit)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     journal: Annotated[Path, typer.Option("--journal", help="SQLite journal file.", envvar="SMG_JOURNAL")] = Path(
         "smg-journal.db"
@@ -231,6 +240,8 @@ def launch(
             api_key=api_key,
             cors_allowed_origins=cors_allowed_origins or [],
             request_timeout_secs=request_timeout_secs,
+            header_read_timeout_secs=header_read_timeout_secs,
+            max_connections=max_connections,
             log_level=log_level,
             journal_path=None if no_journal else journal,
             journal_retention=journal_retention,

@@ -6,8 +6,10 @@ fed in that order come out as thinking → text → tool_use blocks. Empty delta
 
 Non-streaming answers (`stream=False`) are folded into content afterwards, and there a
 whitespace-only text residual must not become a block (§C.2): leading whitespace is held
-until non-whitespace text arrives and is dropped if none does. Streams emit text as it comes,
-except whitespace after a tool call, which is held the same way.
+until non-whitespace text arrives and is dropped if none does. Streams emit text as it comes
+(§D.2), except where a tool call may follow (tool parsing on, or a call already made): there
+whitespace is held the same way, so that a blank line before a tool call is no text block in
+either answer, which stay two projections of the same events.
 """
 
 from __future__ import annotations
@@ -23,8 +25,16 @@ BlockKind = Literal["thinking", "text", "tool_use"]
 class BlockBuilder:
     """Stream events for one message: `start`, then deltas, then `finish`."""
 
-    def __init__(self, message_id: str, model: str, stream: bool = True, display_omitted: bool = False) -> None:
+    def __init__(
+        self,
+        message_id: str,
+        model: str,
+        stream: bool = True,
+        display_omitted: bool = False,
+        tool_parsing: bool = False,
+    ) -> None:
         self.display_omitted = display_omitted  # `thinking.display: omitted`: the block, not its text
+        self.tool_parsing = tool_parsing  # the output may hold tool calls
         self.message_id = message_id
         self.model = model
         self.stream = stream
@@ -53,7 +63,7 @@ class BlockBuilder:
     def text(self, delta: str) -> list[Event]:
         if not delta:
             return []
-        if self.open != "text" and (not self.stream or self.has_tool_calls):
+        if self.open != "text" and (not self.stream or self.tool_parsing or self.has_tool_calls):
             if not delta.strip():
                 self._held_space += delta
                 return []

@@ -101,7 +101,11 @@ class Generation:
         self.settings = settings
         self.stages: list[TextStage] = list(stages)
         self.blocks = BlockBuilder(
-            settings.message_id, settings.model, stream=settings.stream, display_omitted=settings.display_omitted
+            settings.message_id,
+            settings.model,
+            stream=settings.stream,
+            display_omitted=settings.display_omitted,
+            tool_parsing=settings.tool_parser is not None or settings.forced_tool is not None,
         )
         self._detokenizer = Detokenizer(tokenizer, skip_special_tokens=settings.skip_special_tokens)
         self._stops = StopMatcher(settings.stop_sequences)

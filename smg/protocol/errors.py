@@ -7,6 +7,7 @@ status → `error.type` vocabulary.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -146,3 +147,20 @@ def describe_exception(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# A URL, a host:port, a socket address tuple or a bare IP: what names a worker inside an error text.
+_ADDRESS = re.compile(
+    r"[a-z][a-z0-9+.-]*://\S+"
+    r"|\('[^']*', \d+(?:, \d+)*\)"
+    r"|(?:\[[0-9a-f:.]+\]|\b[\w.-]+):\d{1,5}\b"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b",
+    re.IGNORECASE,
+)
+
+
+def describe_upstream_failure(exc: BaseException) -> str:
+    """`describe_exception` as a client may read it: the addresses of internal workers (URLs,
+    host:port, socket addresses) are replaced by `<worker>`. The worker that failed is in the
+    journal (the attempt's `routed` event) and in the gateway's log, not in the envelope."""
+    return _ADDRESS.sub("<worker>", describe_exception(exc))

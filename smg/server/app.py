@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from sanic import Sanic
-from sanic.exceptions import SanicException
+from sanic.exceptions import PayloadTooLarge, SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
@@ -109,7 +109,9 @@ def build_app(
     app: Sanic[Any, Any] = Sanic(name, configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_payload_size
     app.config.RESPONSE_TIMEOUT = int(config.request_timeout_secs) + 60
-    app.config.REQUEST_TIMEOUT = 60
+    # Sanic's own request timeout restarts on every byte; the total deadline is the protocol's
+    # (smg.server.connections). This one only sets how often the timeouts are checked.
+    app.config.REQUEST_TIMEOUT = min(60.0, config.header_read_timeout_secs)
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
@@ -265,7 +267,9 @@ def build_app(
             return refused
         if request.method == "DELETE":
             return await tokenizers.remove(request, key)
-        return await tokenizers.status(request, key.removesuffix("/status"))
+        if key.endswith("/status"):
+            return await tokenizers.status(request, key.removesuffix("/status"))
+        return await tokenizers.info(request, key)
 
     @app.route("/workers", methods=["GET", "POST"], name="workers")
     async def _workers(request: Any) -> HTTPResponse:
@@ -310,8 +314,10 @@ def build_app(
         request = _parsed(request)  # journaled under the client's request id, with its headers
         _ensure_context(request)
         status = int(getattr(exc, "status_code", 500) or 500)
+        if isinstance(exc, PayloadTooLarge) and "header" in str(exc).lower():
+            status = 431  # Sanic says 413 for a head past its limit: that is 431 (RFC 6585)
         if request.path.startswith("/v1/messages") or "anthropic-version" in request.ctx.headers:
-            code = "request_body_too_large" if status == 413 else None
+            code = {413: "request_body_too_large", 431: "request_header_fields_too_large"}.get(status)
             message = str(exc) or reason_phrase(status)
             err = ApiError(status, message, code=code, minted=code is not None)
             return _to_http(await messages.refuse(request, err))

@@ -26,11 +26,18 @@ from smg.protocol.errors import ApiError, invalid_request
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
 from smg.server.auth import caller, tenant_of
+from smg.server.memory import release_after
 from smg.server.observe import RequestObserver, start_trace
 from smg.server.responder import Responder
 from smg.server.state import Gateway
 
 log = logging.getLogger("smg.messages")
+
+_PARSE_INLINE_BYTES = 1 << 20
+# The upstream clients time one attempt out at --request-timeout-secs too: a single slow attempt
+# is answered by its connector, with the connector's own code, a moment before the request's
+# deadline would cut it; the deadline decides when retries or a hung engine would run past it.
+_DEADLINE_GRACE_SECS = 1.0
 
 
 def _check_content_type(headers: dict[str, str]) -> None:
@@ -154,7 +161,11 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     outcome = UsageReader()
     try:
         try:
-            call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
+            if len(body) > _PARSE_INLINE_BYTES:
+                # Megabytes of JSON parse and validate for a noticeable time: not on the event loop.
+                call = await asyncio.to_thread(admit, gateway, endpoint, headers, body, rid, request.ip or None)
+            else:
+                call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
             validated = await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
             if observer is not None:
                 observer.validated, observer.model, observer.stream = validated.t, call.model, call.stream
@@ -163,14 +174,21 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                     call.headers = {**call.headers, **observer.trace.propagation_headers()}
             projection.stream = call.stream
             stage = "backend"
-            # aclosing: a client that goes away closes the upstream at once, not at GC time.
-            async with aclosing(gateway.handle(call)) as events:
-                async for event in events:
-                    await flow.emit(event)
-                    _observe(outcome, event)
-                    if observer is not None:
-                        observer.see(event)
-                    await responder.run(projection.feed(event))
+            deadline = asyncio.timeout(gateway.config.request_timeout_secs + _DEADLINE_GRACE_SECS - flow.elapsed())
+            try:
+                async with deadline:
+                    # aclosing: a client that goes away closes the upstream at once, not at GC time.
+                    async with aclosing(gateway.handle(call)) as events:
+                        async for event in events:
+                            await flow.emit(event)
+                            _observe(outcome, event)
+                            if observer is not None:
+                                observer.see(event)
+                            await responder.run(projection.feed(event))
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                raise _past_deadline(gateway.config.request_timeout_secs) from None
             await responder.run(projection.finish())
             if projection.relayed_error is not None:  # what the client was told, for the summary row
                 code = projection.relayed_error.code
@@ -215,6 +233,13 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 usage=completed.usage,
                 disconnected=disconnected,
             )
+        release_after(len(body))
+
+
+def _past_deadline(seconds: float) -> ApiError:
+    """The request's one deadline (`--request-timeout-secs`) passed: every attempt, retries and
+    backoff included, on every backend. The engine or upstream request was closed (aborted)."""
+    return ApiError(504, f"Request timeout: the request did not complete within {seconds:g} s", code="request_timeout")
 
 
 def _observe(outcome: UsageReader, event: object) -> None:

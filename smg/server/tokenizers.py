@@ -74,13 +74,34 @@ async def list_all(request: Any) -> HTTPResponse:
 
 
 async def status(request: Any, key: str) -> HTTPResponse:
+    """`GET /v1/tokenizers/{id}/status`: the reference's AddTokenizerResponse shape."""
     registry = _registry(request)
     if registry is None:
         return _no_registry()
     entry = registry.lookup(key)
     if entry is None:
-        return json_response({"error": {"type": "not_found", "message": f"No tokenizer '{key}'"}}, status=404)
-    return json_response(entry.status_body())
+        message = f"Tokenizer '{key}' not found and no pending job"
+        return json_response({"error": {"message": message, "type": "not_found"}}, status=404)
+    if entry.status == "completed" and entry.tokenizer is not None:
+        message = f"Tokenizer '{entry.name}' is loaded and ready"
+        body = {"id": entry.id, "status": "completed", "message": message, "vocab_size": entry.tokenizer.vocab_size}
+        return json_response(body)
+    message = entry.error or f"Tokenizer job is {entry.status}"
+    return json_response({"id": entry.id, "status": entry.status, "message": message})
+
+
+async def info(request: Any, key: str) -> HTTPResponse:
+    """`GET /v1/tokenizers/{id}`: a loaded tokenizer's TokenizerInfo (one still loading is not
+    in the reference's registry yet: 404, as there)."""
+    registry = _registry(request)
+    if registry is None:
+        return _no_registry()
+    entry = registry.lookup(key)
+    if entry is None or entry.tokenizer is None or entry.status != "completed":
+        return json_response(
+            {"error": {"message": f"Tokenizer '{key}' not found", "type": "tokenizer_not_found"}}, status=404
+        )
+    return json_response(entry.summary())
 
 
 async def remove(request: Any, key: str) -> HTTPResponse:
@@ -88,6 +109,7 @@ async def remove(request: Any, key: str) -> HTTPResponse:
     if registry is None:
         return _no_registry()
     entry = registry.remove(key)
+    # The reference's RemoveTokenizerResponse, for both outcomes.
     if entry is None:
-        return json_response({"error": {"type": "not_found", "message": f"No tokenizer '{key}'"}}, status=404)
-    return json_response({"id": entry.id, "name": entry.name, "status": "removed"})
+        return json_response({"success": False, "message": f"Tokenizer '{key}' not found"}, status=404)
+    return json_response({"success": True, "message": f"Tokenizer '{entry.name}' removed successfully"})

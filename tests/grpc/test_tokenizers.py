@@ -37,9 +37,42 @@ def private(tmp_path: Path) -> Iterator[tuple[Spawned, httpx.Client]]:
     gateway = spawn_gateway([engine.url], journal=tmp_path / "j.db")
     try:
         with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+            wait_ready(client)  # the gateway serves while the tokenizer autoloads
             yield engine, client
     finally:
         gateway.stop()
+        engine.stop()
+
+
+def wait_ready(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 15
+    while client.get("/readiness").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/readiness").text
+        time.sleep(0.05)
+
+
+def test_the_gateway_serves_while_a_tokenizer_autoloads(tmp_path: Path) -> None:
+    """Discovery does not wait for the tokenizer fetched from the worker: until it is loaded,
+    its model's requests are 503 `tokenizer_not_ready` and the gateway is not ready."""
+    engine = spawn_engine(
+        "sglang",
+        model_path=QWEN3,
+        extra=["--served-model-name", MODEL, "--reported-model-path", "/nonexistent/qwen3", "--hold-tokenizer"],
+    )
+    try:
+        with spawn_gateway([engine.url], journal=tmp_path / "j.db") as gateway:
+            with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+                refused = count(client)
+                assert refused.status_code == 503, refused.text
+                assert refused.headers["x-smg-error-code"] == "tokenizer_not_ready"
+                assert refused.headers["retry-after"] == "1"
+                assert refused.json()["error"]["type"] == "overloaded_error"
+                assert client.get("/readiness").status_code == 503
+                with EngineControl(engine.url.split("://", 1)[1]) as control:
+                    control.release()
+                wait_ready(client)
+                assert count(client).status_code == 200
+    finally:
         engine.stop()
 
 
@@ -240,3 +273,29 @@ def test_context_window_edge(tmp_path: Path) -> None:
         control.close()
         gateway.stop()
         engine.stop()
+
+
+def test_the_admin_api_answers_in_the_references_shapes(private: tuple[Spawned, httpx.Client]) -> None:
+    """TokenizerInfo, AddTokenizerResponse and RemoveTokenizerResponse of the reference
+    (`routers/tokenize/handlers.rs`); `vocab_size` is the base vocabulary, added tokens left out."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    _, client = private
+    base = RustTokenizer.from_file(str(QWEN3 / "tokenizer.json")).get_vocab_size(with_added_tokens=False)
+    [listed] = client.get("/v1/tokenizers").json()["tokenizers"]
+    assert set(listed) == {"id", "name", "source", "vocab_size"} and listed["vocab_size"] == base
+    assert client.get(f"/v1/tokenizers/{listed['id']}").json() == listed
+    assert client.get(f"/v1/tokenizers/{MODEL}/status").json() == {
+        "id": listed["id"],
+        "status": "completed",
+        "message": f"Tokenizer '{MODEL}' is loaded and ready",
+        "vocab_size": base,
+    }
+    removed = client.delete(f"/v1/tokenizers/{listed['id']}")
+    assert removed.status_code == 200
+    assert removed.json() == {"success": True, "message": f"Tokenizer '{MODEL}' removed successfully"}
+    again = client.delete(f"/v1/tokenizers/{listed['id']}")
+    assert again.status_code == 404
+    assert again.json() == {"success": False, "message": f"Tokenizer '{listed['id']}' not found"}
+    missing = client.get(f"/v1/tokenizers/{listed['id']}")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "tokenizer_not_found"

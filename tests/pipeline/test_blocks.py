@@ -250,3 +250,18 @@ def test_indices_are_contiguous_and_blocks_balanced(ops: list[tuple[str, str]], 
         if block["type"] == "text" and not stream:
             assert block["text"].strip()
     orjson.dumps(events)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_blank_line_before_a_tool_call_is_no_text_block_streaming_or_not(stream: bool) -> None:
+    b = BlockBuilder("msg_1", "m", stream=stream, tool_parsing=True)
+    events = b.start() + b.text("\n\n") + b.tool_call("toolu_1", "get_weather") + b.tool_args("{}")
+    events += b.finish("tool_use", None, 4, 2)
+    assert [block["type"] for block in fold(events)] == ["tool_use"]
+
+
+def test_with_tool_parsing_whitespace_before_text_still_reaches_the_text() -> None:
+    b = BlockBuilder("msg_1", "m", stream=True, tool_parsing=True)
+    events = b.start() + b.text("\n\n") + b.text("Hi")
+    events += b.finish("end_turn", None, 4, 2)
+    assert fold(events) == [{"type": "text", "text": "\n\nHi"}]

@@ -131,7 +131,9 @@ def test_a_document_with_no_text_is_refused_naming_its_path(source: dict[str, An
     assert (counted.value.status, counted.value.code) == (400, "process_messages_failed")
 
 
-def test_tool_results_become_tool_messages_after_the_users_other_parts() -> None:
+def test_tool_results_become_tool_messages_where_they_stand() -> None:
+    """Unlike the reference (one user message first, then every tool message), the blocks keep
+    their order: the model sees its tool's answer right after its call."""
     req = create(
         messages=[
             {"role": "user", "content": "Weather?"},
@@ -176,8 +178,8 @@ def test_tool_results_become_tool_messages_after_the_users_other_parts() -> None
                 {"id": "toolu_2", "type": "function", "function": {"name": "get_time", "arguments": {}}},
             ],
         },
-        {"role": "user", "content": "Thanks"},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
+        {"role": "user", "content": "Thanks"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "12\n00"},
     ]
 

@@ -111,7 +111,8 @@ class AnthropicConnector:
         path = MODELS_PATH + (f"/{quote(model_id, safe='')}" if model_id is not None else "")
         url = target.url + path + (f"?{query}" if query else "")
         try:
-            response = await self.client.get(url, headers=upstream_headers(headers, content_type=False))
+            sent = upstream_headers(headers, content_type=False, gateway_key=self._config.api_key)
+            response = await self.client.get(url, headers=sent)
         except httpx.HTTPError as exc:
             raise send_failure(exc) from None
         return response.status_code, response.content
@@ -119,7 +120,7 @@ class AnthropicConnector:
     async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
         if call.endpoint == "count_tokens":
             raise ApiError(501, "count_tokens is not implemented for the Anthropic API backend", code="not_implemented")
-        headers = upstream_headers(call.headers)
+        headers = upstream_headers(call.headers, gateway_key=self._config.api_key)
         async for lease in attempts:
             worker = lease.target
             yield lease.routed

@@ -17,7 +17,7 @@ from smg.backends.anthropic.sse import SseDecoder, SseError
 from smg.backends.upstream import BodyTooLarge, read_capped
 from smg.mcp.model import ModelReply, ModelStreamError
 from smg.protocol import codec
-from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.errors import ApiError, describe_upstream_failure
 
 MAX_ERROR_BODY = 1 << 20
 
@@ -25,10 +25,10 @@ MAX_ERROR_BODY = 1 << 20
 def send_failure(exc: httpx.HTTPError) -> ApiError:
     """The gateway's answer when a request to the Anthropic API fails in transport."""
     if isinstance(exc, httpx.TimeoutException):
-        return ApiError(504, f"Request timeout: {describe_exception(exc)}", code="timeout")
+        return ApiError(504, f"Request timeout: {describe_upstream_failure(exc)}", code="timeout")
     if isinstance(exc, httpx.ConnectError):
-        return ApiError(502, f"Connection failed: {describe_exception(exc)}", code="connection_failed")
-    return ApiError(502, f"Request failed: {describe_exception(exc)}", code="request_failed")
+        return ApiError(502, f"Connection failed: {describe_upstream_failure(exc)}", code="connection_failed")
+    return ApiError(502, f"Request failed: {describe_upstream_failure(exc)}", code="request_failed")
 
 
 async def open_response(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
@@ -71,7 +71,7 @@ class _Stream:
             for payload in decoder.flush():
                 yield payload
         except httpx.HTTPError as exc:
-            raise ModelStreamError(f"Stream read error: {describe_exception(exc)}") from None
+            raise ModelStreamError(f"Stream read error: {describe_upstream_failure(exc)}") from None
         except SseError as exc:
             raise ModelStreamError(f"Failed to parse SSE data: {exc}") from None
 

@@ -41,6 +41,7 @@ from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
 from smg.pipeline.output import OutputPlan, apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
+from smg.pipeline.render.bound import prompt_token_floor
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.errors import ApiError
@@ -56,10 +57,11 @@ def new_message_id() -> str:
     return "msg_" + "".join(_ALPHANUMERIC[b % 62] for b in secrets.token_bytes(24))
 
 
-def context_exceeded(limit: int, tokens: int) -> ApiError:
+def context_exceeded(limit: int, tokens: int, *, at_least: bool = False) -> ApiError:
+    count = f"at least {tokens}" if at_least else str(tokens)
     return ApiError(
         400,
-        f"This model's maximum context length is {limit} tokens. However, your request has {tokens} input "
+        f"This model's maximum context length is {limit} tokens. However, your request has {count} input "
         "tokens. Please reduce the length of the input.",
         code="context_length_exceeded",
     )
@@ -141,6 +143,7 @@ class EngineConnector:
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
         self._aborts: set[asyncio.Task[None]] = set()
+        self._autoloads: dict[str, asyncio.Task[None]] = {}  # engine URL → its tokenizer's autoload
         self._configured_tokenizer = config.tokenizer_path or config.model_path
         self._chat_template = str(config.chat_template) if config.chat_template else None
 
@@ -151,6 +154,9 @@ class EngineConnector:
 
     async def close(self) -> None:
         await asyncio.gather(*self._aborts, return_exceptions=True)
+        for task in self._autoloads.values():
+            task.cancel()
+        await asyncio.gather(*self._autoloads.values(), return_exceptions=True)
         await self.tokenizers.close()
         await asyncio.gather(*(e.client.close() for e in self._engines.values()), return_exceptions=True)
 
@@ -174,6 +180,19 @@ class EngineConnector:
         return found
 
     async def _register_tokenizer(self, engine: EngineWorker) -> None:
+        """A configured tokenizer is loaded before the worker serves; an autoloaded one (fetched
+        from the worker, seconds for a real model) loads while the gateway already serves, and
+        requests for its model are answered 503 `tokenizer_not_ready` meanwhile."""
+        if self._configured_tokenizer:
+            await self._load_tokenizer(engine)
+            return
+        if engine.url in self._autoloads:
+            return
+        task = asyncio.get_running_loop().create_task(self._load_tokenizer(engine), name=f"smg-autoload-{engine.url}")
+        self._autoloads[engine.url] = task
+        task.add_done_callback(lambda _: self._autoloads.pop(engine.url, None))
+
+    async def _load_tokenizer(self, engine: EngineWorker) -> None:
         await register_tokenizer(
             engine, self.tokenizers, configured_path=self._configured_tokenizer, chat_template=self._chat_template
         )
@@ -235,6 +254,12 @@ class EngineConnector:
         runtimes = {r for r in map(self.runtime_of, pool) if r}
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating)
+        windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
+        if windows and call.endpoint == "messages" and len(call.raw) > _RENDER_INLINE_BYTES:
+            # Refused before rendering when no worker's window can hold it, whatever the template does.
+            floor = prompt_token_floor(tokenizer, request)
+            if floor > max(windows):
+                raise context_exceeded(max(windows), floor, at_least=True)
         if len(call.raw) > _RENDER_INLINE_BYTES:
             # A long conversation renders for tens of milliseconds: not on the event loop.
             prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
@@ -252,7 +277,6 @@ class EngineConnector:
 
         message_id = new_message_id()
         if not generating:
-            windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
             if windows and len(prompt.ids) > min(windows):
                 raise context_exceeded(min(windows), len(prompt.ids))
             yield Routed(backend=self.name, worker=None, model=call.model, policy=None)

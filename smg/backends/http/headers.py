@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from smg.protocol.headers import is_forwarded
+from smg.protocol.headers import is_forwarded, is_gateway_key, outgoing_value
 
 _HOP_BY_HOP = frozenset(
     {
@@ -24,13 +24,21 @@ _HOP_BY_HOP = frozenset(
 )
 
 
-def forwarded_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The allowlisted client headers for an HTTP/PD worker; `Content-Type` is set by us."""
+def forwarded_request_headers(headers: Mapping[str, str], gateway_key: str | None = None) -> dict[str, str]:
+    """The allowlisted client headers for an HTTP/PD worker; `Content-Type` is set by us.
+
+    The gateway's own key is not the worker's business: an `Authorization` carrying it is left
+    out (a client's other credential passes). A value that cannot go out as sent is left out or
+    refused (`outgoing_value`). Raises `ApiError` (400).
+    """
     out: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
-        if is_forwarded(key):
-            out[key] = value
+        if not is_forwarded(key) or (key == "authorization" and is_gateway_key(value, gateway_key)):
+            continue
+        sent = outgoing_value(key, value)
+        if sent is not None:
+            out[key] = sent
     out["content-type"] = "application/json"
     return out
 

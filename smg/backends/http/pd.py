@@ -12,6 +12,7 @@ worker, without bootstrap fields, like any relayed request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import AsyncGenerator, Sequence
 from typing import cast
@@ -27,10 +28,12 @@ from smg.backends.http.relay import HttpConnector, relay_body
 from smg.backends.upstream import BodyTooLarge, read_capped
 from smg.config import GatewayConfig
 from smg.protocol import codec
-from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.errors import ApiError, describe_exception, describe_upstream_failure
 
 _MESSAGES = "/v1/messages"
 _ROOM_BITS = 63
+
+log = logging.getLogger("smg.pd")
 
 
 def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
@@ -44,10 +47,12 @@ def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
 
 def _transport_failure(exc: httpx.HTTPError, leg: str, url: str) -> Failure:
     if isinstance(exc, httpx.TimeoutException):
-        error = ApiError(504, f"{leg} leg: {describe_exception(exc)}. URL: {url}", code="call_upstream_timeout")
+        log.warning("%s leg %s: %s", leg, url, describe_exception(exc))
+        error = ApiError(504, f"{leg} leg: {describe_upstream_failure(exc)}", code="call_upstream_timeout")
         return Failure("timeout", error)
     kind: FailureKind = "refused" if isinstance(exc, httpx.ConnectError) else "transport"
-    message = f"Transport error: {leg} leg: {describe_exception(exc)}. URL: {url}"
+    log.warning("%s leg %s: %s", leg, url, describe_exception(exc))
+    message = f"Transport error: {leg} leg: {describe_upstream_failure(exc)}"
     return Failure(kind, ApiError(502, message, code="pd_disaggregation_request_failed"))
 
 
@@ -95,7 +100,7 @@ class HttpPdConnector:
                 code="max_tokens_zero_not_relayed",
             )
         client = self._relay.client
-        forwarded = forwarded_request_headers(call.headers)
+        forwarded = forwarded_request_headers(call.headers, self._config.api_key)
         async for lease in attempts:
             pair = cast(PairLease, lease)
             prefill, decode = pair.prefill.target, pair.target
@@ -159,7 +164,7 @@ class HttpPdConnector:
         try:
             return await read_capped(response, self._config.max_payload_size)
         except (httpx.HTTPError, BodyTooLarge) as exc:
-            return f"(prefill answer not read: {describe_exception(exc)})".encode()
+            return f"(prefill answer not read: {describe_upstream_failure(exc)})".encode()
         finally:
             await response.aclose()
 

@@ -22,7 +22,7 @@ from smg.backends.http.headers import forwarded_request_headers, relayed_respons
 from smg.backends.upstream import BodyTooLarge, read_capped, stream_parts
 from smg.config import GatewayConfig
 from smg.protocol import codec
-from smg.protocol.errors import ApiError, describe_exception
+from smg.protocol.errors import ApiError, describe_exception, describe_upstream_failure
 from smg.protocol.request import OPTIONAL_FIELDS
 
 log = logging.getLogger("smg.relay")
@@ -103,7 +103,7 @@ class HttpConnector:
                 code="max_tokens_zero_not_relayed",
             )
         body = relay_body(call)
-        forwarded = forwarded_request_headers(call.headers)
+        forwarded = forwarded_request_headers(call.headers, self._config.api_key)
         path = _PATHS[call.endpoint]
         async for lease in attempts:
             worker = lease.target
@@ -115,12 +115,14 @@ class HttpConnector:
                     self.client.build_request("POST", url, content=body, headers=headers), stream=True
                 )
             except httpx.TimeoutException as exc:
-                timeout = ApiError(504, f"{describe_exception(exc)}. URL: {url}", code="call_upstream_timeout")
+                log.warning("worker %s: %s", url, describe_exception(exc))
+                timeout = ApiError(504, describe_upstream_failure(exc), code="call_upstream_timeout")
                 lease.failed(Failure("timeout", timeout))
                 continue
             except httpx.HTTPError as exc:
+                log.warning("worker %s: %s", url, describe_exception(exc))
                 kind: FailureKind = "refused" if isinstance(exc, httpx.ConnectError) else "transport"
-                error = ApiError(502, f"{describe_exception(exc)}. URL: {url}", code="call_upstream_connection_failed")
+                error = ApiError(502, describe_upstream_failure(exc), code="call_upstream_connection_failed")
                 lease.failed(Failure(kind, error))
                 continue
             if lease.answered(response.status_code):
@@ -145,7 +147,7 @@ class HttpConnector:
             try:
                 raw = await read_capped(response, self._config.max_payload_size)
             except (httpx.HTTPError, BodyTooLarge) as exc:
-                message = f"Upstream body could not be read: {describe_exception(exc)}"
+                message = f"Upstream body could not be read: {describe_upstream_failure(exc)}"
                 yield Error(
                     stage="upstream", status=502, error_type="api_error", message=message, code="upstream_read_failed"
                 )

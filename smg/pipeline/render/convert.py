@@ -29,7 +29,7 @@ from smg.protocol.request import (
     ToolChoiceNone,
     ToolChoiceTool,
 )
-from smg.protocol.tools import CustomTool, Tool
+from smg.protocol.tools import CustomTool, InputSchema, Tool
 
 ContentFormat = Literal["string", "openai"]
 ChatMessage = dict[str, Any]
@@ -74,9 +74,17 @@ def convert_tools(tools: Sequence[Tool] | None, tool_choice: ToolChoice | None) 
         function: dict[str, Any] = {"name": tool.name}
         if tool.description is not None:
             function["description"] = tool.description
-        function["parameters"] = tool.input_schema.model_dump(mode="json", exclude_unset=True)
+        function["parameters"] = _schema(tool.input_schema)
         out.append({"type": "function", "function": function})
     return out or None
+
+
+def _schema(schema: InputSchema) -> dict[str, Any]:
+    """The schema as the client sent it (its values came from JSON already). Not `model_dump`:
+    pydantic's serializer has a depth limit that a deeply nested, valid schema exceeds."""
+    out = {name: getattr(schema, name) for name in type(schema).model_fields if name in schema.model_fields_set}
+    out.update(schema.model_extra or {})
+    return out
 
 
 # --- per role ----------------------------------------------------------------------------------
@@ -97,8 +105,22 @@ def _user(
 ) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [{"role": "user", "content": message.content}]
+    # The blocks keep their order: a tool result is a `tool` message where it stands, the parts
+    # around it user messages of their own, so a model sees its tool's answer right after its call
+    # even when the client wrote text after the result (`[tool_result, text]`).
+    out: list[ChatMessage] = []
     parts: list[Part] = []
-    tools: list[ChatMessage] = []
+
+    def flush() -> None:
+        nonlocal parts
+        if not parts:
+            return
+        if media_first:
+            parts = [p for p in parts if p["type"] == "image"] + [p for p in parts if p["type"] != "image"]
+        content: str | list[Part] = parts if content_format == "openai" else _join(parts, image_placeholder)
+        out.append({"role": "user", "content": content})
+        parts = []
+
     for position, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
@@ -107,14 +129,9 @@ def _user(
         elif isinstance(block, DocumentBlock):
             parts.append({"type": "text", "text": _document_text(block, f"messages.{index}.content.{position}")})
         elif isinstance(block, ToolResultBlock):
-            tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)})
-    out: list[ChatMessage] = []
-    if parts:
-        if media_first:
-            parts = [p for p in parts if p["type"] == "image"] + [p for p in parts if p["type"] != "image"]
-        content: str | list[Part] = parts if content_format == "openai" else _join(parts, image_placeholder)
-        out.append({"role": "user", "content": content})
-    out.extend(tools)
+            flush()
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)})
+    flush()
     return out
 
 

@@ -8,6 +8,7 @@ as a list of parts, and rendering a conversation into the prompt text.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -46,6 +47,9 @@ ContentFormat = Literal["string", "openai"]
 _PROBE: list[dict[str, Any]] = [{"role": "user", "content": "ping"}]
 
 
+_ENCODE_WITH_GIL_CHARS = 16_384
+
+
 class ChatTemplateError(Exception):
     """The chat template is missing, or failed to render a conversation."""
 
@@ -77,7 +81,10 @@ class Tokenizer:
         self.special_ids: frozenset[int] = frozenset(
             {*hf.all_special_ids, *(i for i, t in hf.added_tokens_decoder.items() if t.special)}
         )
-        self.vocab_size: int = len(hf)
+        # The reference reports the base vocabulary, added tokens left out (`get_vocab_size(false)`).
+        self.vocab_size: int = (
+            int(self._backend.get_vocab_size(with_added_tokens=False)) if self._backend is not None else len(hf)
+        )
         self._ast = _parse(self.chat_template)
         self.thinking_toggle: str | None = _thinking_toggle(self.chat_template, self._ast)
         self.thinking_default: bool | None = self._probe_thinking_default()
@@ -106,12 +113,22 @@ class Tokenizer:
             name = local.resolve().name if local.is_dir() else str(path)
         return cls(hf, source=str(path), name=name, chat_template=template, eos_token_ids=eos)
 
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """The UTF-8 length of the longest vocabulary entry: no token stands for more bytes."""
+        return max((len(token.encode("utf-8", "surrogatepass")) for token in self._hf.get_vocab()), default=1) or 1
+
     # --- text ↔ ids ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` with no special tokens added: the chat template writes BOS etc."""
         if self._backend is None:
             return list(self._hf.encode(text, add_special_tokens=False))
+        if len(text) > _ENCODE_WITH_GIL_CHARS:
+            # `encode_batch` releases the GIL while it works (`encode` does not): a long prompt
+            # tokenized in a worker thread then leaves the event loop free.
+            batch: list[int] = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+            return batch
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
         return ids
 
