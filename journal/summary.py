@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal import search
 from journal.events import (
     Block,
     Completed,
@@ -76,6 +77,7 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
             summary["stop_reason"] = event.stop_reason
         _apply_usage(summary, event.usage)
         summary["completed"] = 1
+    search.fold(summary, event)
 
 
 def _apply_block(summary: dict[str, Any], event: Block) -> None:

@@ -68,17 +68,17 @@ def _open(path: str) -> JournalReader:
         _fail(str(exc))
 
 
-def _compile(query: str) -> tuple[str, list[Any]]:
-    """The query as SQL; a bad query is a usage error (exit 2)."""
+def _compile(query: str, reader: JournalReader | None = None) -> tuple[str, list[Any]]:
+    """The query as SQL (over the reader's file when given); a bad query is a usage error (exit 2)."""
     try:
-        return compile_query(query)
+        return reader.compile(query) if reader is not None else compile_query(query)
     except QueryError as exc:
         _fail(f"bad query {query!r}: {exc}", code=2)
 
 
 def _connection(reader: JournalReader) -> sqlite3.Connection:
     """The reader's read-only connection, for the SQL of `journal.stats` and `journal.follow`."""
-    return reader._conn
+    return reader.connection
 
 
 def _echo_json(value: Any) -> None:
@@ -102,8 +102,7 @@ def ls(
         _fail(f"--sort: no column {sort!r}; one of {', '.join(REQUEST_COLUMNS)}", code=2)
     with _open(journal) as reader:
         try:
-            rows = reader.list_requests(limit, query=query, offset=offset, order=sort, descending=not asc)
-            total = reader.count(query) if not as_json else len(rows)
+            rows, total = reader.page(limit, query=query, offset=offset, order=sort, descending=not asc)
         except QueryError as exc:
             _fail(f"bad query {query!r}: {exc}", code=2)
     if as_json:
@@ -190,7 +189,7 @@ def tail(
     ] = None,
 ) -> None:
     """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
-    where, params = _compile(query)
+    _compile(query)  # a bad query fails before waiting for the file
     deadline = None if timeout is None else time.monotonic() + timeout
     err = Console(stderr=True)
     out = Console(highlight=False)
@@ -199,6 +198,7 @@ def tail(
         if reader is None:
             return
         with reader:
+            where, params = _compile(query, reader)
             follower = Follower(_connection(reader), where, params)
             err.print(f"[dim]following {escape(journal)}{escape(f' for {query!r}') if query else ''}…[/]")
             shown = 0
@@ -317,8 +317,9 @@ def stats(
     as_json: JsonOpt = False,
 ) -> None:
     """Counts, error codes, stop reasons, latency percentiles and token throughput of QUERY."""
-    where, params = _compile(query)
+    _compile(query)
     with _open(journal) as reader:
+        where, params = _compile(query, reader)
         numbers = statistics.compute(_connection(reader), where, params)
     if as_json:
         _echo_json(numbers)
