@@ -93,7 +93,13 @@ def requests(traffic: Traffic) -> Iterator[tuple[str, list[Event]]]:
         roll = rng.random()
         if roll < 0.03:
             events += [
-                Error(stage="upstream", status=529, error_type="overloaded_error", message="worker overloaded", t=ttft),
+                Error(
+                    stage="upstream",
+                    status=529,
+                    error_type="overloaded_error",
+                    message="capacity exhausted, retry later",
+                    t=ttft,
+                ),
                 Completed(status=529, duration_ms=ttft * 1000, t=ttft),
             ]
         elif stream:
