@@ -308,20 +308,41 @@ async def test_new_requests_appear_live(tmp_path: Path) -> None:
         assert app.source.loaded == 12
 
 
-async def test_more_than_a_page_arriving_restarts_from_the_newest_page(tmp_path: Path) -> None:
+async def test_a_burst_goes_in_above_and_the_cursor_stays_on_its_request(tmp_path: Path) -> None:
     journal = await write_journal(tmp_path / "burst.db", sample_requests(fillers=10))
     app = InspectorApp(journal, page_size=5, refresh_s=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("down", "down")
-        assert app.table.row_count == 5
+        assert app.table.row_count == 5 and app.selected_id() == "req_failed"
         burst = {f"req_burst_{i}": relay_ok(T0 + 100 + i) for i in range(8)}
         await write_journal(journal, burst)
         for _ in range(100):
             await pilot.pause(0.05)
             if ids_in(app)[0] == "req_burst_7":
                 break
-        assert ids_in(app) == [f"req_burst_{i}" for i in (7, 6, 5, 4, 3)]
-        assert "5 of 23 shown (more below)" in static_text(app, "#list-status")
+        assert ids_in(app)[:9] == [*(f"req_burst_{i}" for i in range(7, -1, -1)), "req_replay"]
+        assert app.selected_id() == "req_failed"  # more than a page arrived: nothing reloaded under the cursor
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailScreen) and app.screen.detail.id == "req_failed"
+
+
+async def test_a_burst_too_large_to_follow_is_announced_not_loaded(tmp_path: Path) -> None:
+    journal = await write_journal(tmp_path / "flood.db", sample_requests(fillers=10))
+    app = InspectorApp(journal, page_size=5, refresh_s=0.05, follow_max=6)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down")
+        before = ids_in(app)
+        await write_journal(journal, {f"req_flood_{i}": relay_ok(T0 + 100 + i) for i in range(8)})
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.behind:
+                break
+        assert app.behind and ids_in(app) == before and app.selected_id() == "req_grpc"
+        assert "g for the newest" in static_text(app, "#list-status")
+        await pilot.press("g")
+        await pilot.pause()
+        assert ids_in(app)[0] == "req_flood_7" and not app.behind
 
 
 async def test_following_drops_the_oldest_rows_past_max_rows(tmp_path: Path) -> None:
