@@ -367,9 +367,10 @@ def _glob_to_like(value: str) -> str:
 
 
 class _Compiler:
-    def __init__(self, now: float, indexed: bool) -> None:
+    def __init__(self, now: float, indexed: bool, ordered: bool) -> None:
         self.now = now
         self.indexed = indexed
+        self.ordered = ordered
         self.params: list[Any] = []
 
     def node(self, node: _Node) -> str:
@@ -392,7 +393,11 @@ class _Compiler:
             match = search.match_expression(node.text, prefix=not node.quoted)
             if match is not None:
                 table = search.TABLE
-                return f"requests.rowid IN (SELECT rowid FROM {table} WHERE {table} MATCH {self.bind(match)})"
+                # For a page (`ordered`), `+` keeps the planner from driving the query from the
+                # matches (fetching and sorting every one of them for 50): it walks the time index
+                # and looks each row up in them. A count is better driven from the matches.
+                plus = "+" if self.ordered else ""
+                return f"{plus}requests.rowid IN (SELECT rowid FROM {table} WHERE {table} MATCH {self.bind(match)})"
         # Payloads are stored as JSON: the needle is looked for as JSON spells it.
         needle = orjson.dumps(node.text).decode()[1:-1]
         pattern = self.bind(f"%{like_escape(needle)}%")
@@ -491,17 +496,20 @@ class _Compiler:
             ) from None
 
 
-def compile_query(text: str, *, now: float | None = None, indexed: bool = False) -> tuple[str, list[Any]]:
+def compile_query(
+    text: str, *, now: float | None = None, indexed: bool = False, ordered: bool = False
+) -> tuple[str, list[Any]]:
     """`text` as an SQL boolean expression over `requests` and its parameters; `""` is `("1", [])`.
 
     `now` (epoch seconds, default the current time) anchors `since:15m`-style terms.
     `indexed`: free text is looked up in the full-text index (`journal.search`; the file must
     have it) instead of scanned for in the events. Raises `QueryError` for a query that does
-    not parse.
+    not parse. `ordered`: the expression is for a page in time order (`ORDER BY ts … LIMIT n`),
+    not for a count or an aggregate; it only changes the plan SQLite chooses.
     """
     tree = _Parser(text).parse()
     if tree is None:
         return "1", []
-    compiler = _Compiler(time.time() if now is None else now, indexed)
+    compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
     sql = compiler.node(tree)
     return sql, compiler.params

@@ -81,10 +81,11 @@ class JournalReader:
         self.indexed = search.has_index(self._conn)
         """Whether free text is looked up in the full-text index (else scanned for; an older file)."""
 
-    def compile(self, query: str) -> tuple[str, list[Any]]:
+    def compile(self, query: str, *, ordered: bool = False) -> tuple[str, list[Any]]:
         """`query` as SQL over this file's `requests` (`journal.query.compile_query`, with the
-        text index when the file has one). Raises `journal.query.QueryError`."""
-        return compile_query(query, indexed=self.indexed)
+        text index when the file has one; `ordered` for a page in time order). Raises
+        `journal.query.QueryError`."""
+        return compile_query(query, indexed=self.indexed, ordered=ordered)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -130,7 +131,7 @@ class JournalReader:
             raise ValueError(f"cannot order by {order!r}; choose one of {', '.join(schema.REQUEST_COLUMNS)}")
         if newest_first is not None:
             descending = newest_first
-        where, params = self.compile(query)
+        where, params = self.compile(query, ordered=order == "ts")
         if since_ts is not None:
             where = f"({where}) AND ts >= ?"
             params.append(since_ts)
