@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
@@ -219,6 +219,8 @@ class InspectorApp(App[None]):
         """The filter being searched, if one is."""
         self.behind = 0
         """Rows that arrived in a burst too large to follow (0: the list is following)."""
+        self._offset: int | None = None
+        self._columns_ready = False  # the list's columns are in place (a resize may come before mount)
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class InspectorApp(App[None]):
         labels = dict(render.LIST_COLUMNS)
         for key in self.columns:
             table.add_column(labels[key], key=key)
+        self._columns_ready = True
         self.reload()
         table.focus()
         self.watch(table, "scroll_y", self._scrolled, init=False)
@@ -254,10 +257,10 @@ class InspectorApp(App[None]):
 
     # -- the list -------------------------------------------------------------------------
 
-    def on_resize(self) -> None:
-        if not self.screen_stack or not self._main.query("#requests"):
+    def on_resize(self, event: events.Resize) -> None:
+        if not self._columns_ready or not self.screen_stack or not self._main.query("#requests"):
             return
-        wanted = render.fitting_columns(self.size.width)
+        wanted = render.fitting_columns(event.size.width)
         if wanted == self.columns:
             return
         # Rebuilt rather than edited in place: DataTable keeps cells per column order.
@@ -333,7 +336,8 @@ class InspectorApp(App[None]):
         """New rows go above; the cursor stays on its request and that row where it was on screen."""
         table = self.table
         keep = self._cursor_id()
-        offset = table.cursor_row - table.scroll_y
+        # The cursor's line on screen; while a scroll from the last insert is pending, that one's.
+        offset = self._offset if self._offset is not None else table.cursor_row - int(table.scroll_y)
         for row in rows:
             self.rows[row["id"]] = row
             table.add_row(*render.list_cells(row, self.columns), key=row["id"])
@@ -345,7 +349,14 @@ class InspectorApp(App[None]):
             return
         new_row = table.get_row_index(keep)
         table.move_cursor(row=new_row, animate=False, scroll=False)
-        table.scroll_to(y=max(0, new_row - offset), animate=False)
+        # After the refresh: the table's height (and so how far it may scroll) grows with it.
+        self._offset = offset
+
+        def scroll() -> None:
+            self._offset = None
+            table.scroll_to(y=max(0, new_row - offset), animate=False, immediate=True)
+
+        self.call_after_refresh(scroll)
 
     def _refresh_inflight(self) -> None:
         pending = [rid for rid, row in self.rows.items() if not row.get("completed")]
