@@ -4,8 +4,10 @@ Serving code calls `append` for every event. That is a `put_nowait` on an in-mem
 (no I/O, no await on disk); a single writer task takes whatever has queued up, up to
 `max_batch` events, and hands them to the writer thread, which serializes them and writes
 them and the summary rows they touch in ONE transaction, commits, and goes back for more.
-Under load a batch grows with the backlog, so the number of commits per second stays small
-however many events arrive; when idle each event is committed on its own almost at once.
+The same transaction indexes the text of the requests that completed in the batch
+(`journal.search.write_text`, one statement per batch). Under load a batch grows with the
+backlog, so the number of commits per second stays small however many events arrive; when
+idle each event is committed on its own almost at once.
 `append` only waits when the queue is full (backpressure instead of unbounded memory).
 
 Durability contract (WAL, `synchronous=NORMAL`):
