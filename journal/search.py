@@ -176,12 +176,27 @@ def _fold_received(row: dict[str, Any], event: Received) -> None:
     if session:
         row["thread_key"] = f"s:{session}"
     elif messages:
-        start = orjson.dumps([body.get("system"), messages[0]], option=orjson.OPT_SORT_KEYS)
+        system = body.get("system")
+        system = [{"type": "text", "text": system}] if isinstance(system, str) else system
+        start = orjson.dumps(comparable([system, messages[0]]), option=orjson.OPT_SORT_KEYS)
         row["thread_key"] = "h:" + hashlib.sha256(start).hexdigest()[:16]
     if len(messages) <= 1:
         _add(row, " ".join(_texts(body.get("system"))))
     if messages:
         _add(row, " ".join(_texts(messages[-1])))
+
+
+def comparable(value: Any) -> Any:
+    """A message as compared across turns: without `cache_control`, and a string content as the
+    one text block it means (Claude Code sends a message as a block list while it carries a cache
+    breakpoint, as a string once the breakpoint has moved on)."""
+    if isinstance(value, dict):
+        if "role" in value and isinstance(value.get("content"), str):
+            value = {**value, "content": [{"type": "text", "text": value["content"]}]}
+        return {k: comparable(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
 
 
 def _trace_id(traceparent: str | None) -> str | None:

@@ -3,9 +3,11 @@
 A conversation is the requests sharing a `thread_key` (`journal.search`): the Claude Code
 session header when the client sent one, else a digest of the conversation's start (system
 prompt and first message), which every later turn resends. `thread` lists them oldest first
-and says what each turn added to the history the previous one sent: the new messages when the
-previous history is a prefix of this one's, else that the history was rewritten (a client
-that compacts or edits its context).
+and says what each turn added to the history an earlier one sent: the new messages beyond the
+longest earlier history this one extends, else that the history was rewritten (a client
+that compacts or edits its context). `cache_control` markers are left out of the comparison,
+and a string content counts as its one text block: Claude Code moves its cache breakpoints to
+the newest messages on every turn, rewriting the older ones from block lists to strings.
 
 `json_diff` compares two JSON values path by path (`messages[3].content[0].text`), the way
 `replay.diff` compares two responses.
@@ -19,6 +21,7 @@ from typing import Any
 import orjson
 
 from journal.reader import JournalReader
+from journal.search import comparable
 
 _PREVIEW = 80
 
@@ -30,7 +33,7 @@ class Turn:
     row: dict[str, Any]
     messages: int
     added: list[dict[str, Any]]  # the messages this turn added (all of them when `rewritten`)
-    rewritten: bool  # the previous turn's history is not a prefix of this one's
+    rewritten: bool  # no earlier turn's history is a prefix of this one's
 
     @property
     def id(self) -> str:
@@ -98,7 +101,7 @@ def thread(reader: JournalReader, request_id: str, limit: int = 500) -> list[Tur
         "SELECT id FROM requests WHERE thread_key = ? ORDER BY ts, rowid LIMIT ?", (row["thread_key"], limit)
     ).fetchall()
     turns: list[Turn] = []
-    previous: list[Any] = []
+    earlier: list[list[Any]] = []  # the histories sent so far
     for (rid,) in rows:
         summary = reader.get_request(rid)
         if summary is None:
@@ -106,10 +109,14 @@ def thread(reader: JournalReader, request_id: str, limit: int = 500) -> list[Tur
         body = request_body(reader, rid)
         messages = body.get("messages") if isinstance(body, dict) else None
         messages = messages if isinstance(messages, list) else []
-        prefix = len(previous) <= len(messages) and messages[: len(previous)] == previous
-        added = messages[len(previous) :] if prefix else messages
-        turns.append(Turn(summary, len(messages), [m for m in added if isinstance(m, dict)], not prefix))
-        previous = messages
+        plain = [comparable(m) for m in messages]
+        # The turn this one continues: the longest history sent before that this one extends
+        # (a session also carries side requests, a title or a summary, with histories of their own).
+        base = max((len(h) for h in earlier if len(h) <= len(plain) and plain[: len(h)] == h), default=None)
+        rewritten = base is None and bool(earlier)
+        added = messages[base or 0 :]
+        turns.append(Turn(summary, len(messages), [m for m in added if isinstance(m, dict)], rewritten))
+        earlier.append(plain)
     return turns
 
 
