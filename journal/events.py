@@ -72,6 +72,7 @@ class Received(Event):
     client: str | None = None
     tenant: str | None = None
     ts: float = 0.0  # wall clock (epoch seconds)
+    trace_id: str | None = None  # W3C trace id (32 hex): the gateway's span's, else the client's traceparent's
 
     @property
     def echoed_id(self) -> str:
@@ -311,3 +312,41 @@ class Completed(Event):
     stop_reason: str | None = None
     bytes_sent: int = 0
     disconnected: bool = False
+
+
+# --- admission (concurrency slots, tenant token budgets) -------------------------------------
+
+
+@_register
+@dataclass(slots=True)
+class Admission(Event):
+    """An admission gate's decision on the request.
+
+    `gate` is `concurrency` (a slot of `--max-concurrent-requests`; `queued_ms` is the time the
+    request waited for it) or `tenant_rate_limit` (the tenant's token budget; `reserved_tokens`
+    is what was debited, the rendered prompt's tokens). `decision`: `admitted`, `queue_full`,
+    `queue_timeout` or `denied`; a refusal is followed by the `error` the client got.
+    """
+
+    kind: ClassVar[str] = "admission"
+    gate: str
+    decision: str
+    queued_ms: float = 0.0
+    tenant: str | None = None
+    reserved_tokens: int | None = None
+    retry_after: int | None = None
+
+
+@_register
+@dataclass(slots=True)
+class Settled(Event):
+    """A tenant budget reservation trued up with the response's real usage: `delta` tokens
+    more (or, negative, fewer) than `reserved_tokens` were charged. A response that did not
+    finish (an error, a client gone) keeps its reservation and has no `settled` event."""
+
+    kind: ClassVar[str] = "settled"
+    tenant: str
+    reserved_tokens: int
+    input_tokens: int
+    output_tokens: int
+    delta: int

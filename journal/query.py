@@ -27,6 +27,9 @@ false; `!` negates that):
   pattern (case-insensitive) matched against both. `=` only.
 * `client_id:` the request id the client sent (`x-request-id` …; several requests may share
   one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
+* `trace:` a W3C trace id (32 hex digits, any case): the request's trace, as its `received`
+  event recorded it (the gateway's span's with `--enable-trace`, else the client's
+  `traceparent`'s; the indexed `trace_id` column). `=` only.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
@@ -37,7 +40,7 @@ false; `!` negates that):
   (`2025-05-01`, `2025-05-01T12:00`, local time unless it has an offset); since is inclusive,
   until exclusive.
 
-* `trace:` (the trace id of the request's `traceparent`, 32 lower-case hex), `user:` (the
+* `user:` (the
   body's `metadata.user_id`), `session:` (Claude Code's session header), `key:` (the 12-hex
   fingerprint of the caller's key), `thread:` (the conversation key `smg journal thread`
   follows): strings, like `model:`. `turns:` the number of messages sent; every op.
@@ -95,7 +98,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "stop": (_STRING, "stop_reason"),
     "id": ("id", "id"),
     "client_id": (_STRING, "client_id"),
-    "trace": (_STRING, "trace_id"),
+    "trace": ("trace", "trace_id"),
     "user": (_STRING, "user_id"),
     "session": (_STRING, "session_id"),
     "key": (_STRING, "key_fp"),
@@ -130,6 +133,7 @@ _HAS = {
     "cut": "cut_mid_stream = 1",
 }
 _YES = frozenset({"yes", "true"})
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _NO = frozenset({"no", "false"})
 _DURATION_UNITS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
 _AGO_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -417,6 +421,8 @@ class _Compiler:
             return self.string(column, op, term.value)
         if kind == "id":
             return self.id_prefix(term.value)
+        if kind == "trace":
+            return self.trace(term)
         if kind in ("status", "duration", "count"):
             return self.number(term, kind, column, op)
         if kind == "has":
@@ -437,6 +443,13 @@ class _Compiler:
         else:
             match = f"{column} = {self.bind(value)}"
         return f"({column} IS NOT NULL AND {match if op == '=' else f'NOT ({match})'})"
+
+    def trace(self, term: _Term) -> str:
+        value = term.value.strip().lower()
+        if not _TRACE_ID.fullmatch(value):
+            raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
+        # The indexed summary column `journal.search` fills from the `received` event.
+        return f"(trace_id IS NOT NULL AND trace_id = {self.bind(value)})"
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:

@@ -3,7 +3,8 @@
 Two parts, both kept by the writer in the transaction that writes a request's summary row:
 
 * Columns of `requests` (`COLUMNS`), derived from what every request already journals, so
-  they fill whatever the gateway adds later: `trace_id` (from a W3C `traceparent` header),
+  they fill whatever the gateway adds later: `trace_id` (the `received` event's own, the
+  gateway's span's under `--enable-trace`, else the W3C `traceparent` header's),
   `user_id` (the body's `metadata.user_id`), `session_id` (Claude Code's
   `x-claude-code-session-id` header, or `x-session-id`), `key_fp` (the 12-hex fingerprint the
   redaction left of the caller's key), `thread_key` (the session id, else a digest of the
@@ -146,7 +147,7 @@ def fold(row: dict[str, Any], event: Event) -> None:
 
 def _fold_received(row: dict[str, Any], event: Received) -> None:
     headers = {k.lower(): v for k, v in event.headers.items()}
-    trace = _trace_id(headers.get("traceparent"))
+    trace = _trace_id(f"00-{event.trace_id}-0000000000000001-01" if event.trace_id else headers.get("traceparent"))
     if trace:
         row["trace_id"] = trace
     session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)

@@ -13,6 +13,7 @@ from typing import Any
 
 from journal import search
 from journal.events import (
+    Admission,
     Block,
     Completed,
     Counted,
@@ -27,6 +28,7 @@ from journal.events import (
     Rejected,
     Rendered,
     Routed,
+    Settled,
     StreamOpened,
     Tokens,
     Upstream,
@@ -44,7 +46,8 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
     if isinstance(event, Block):
         _apply_block(summary, event)
     elif isinstance(event, Upstream):
-        _first_event(summary, event)
+        if not event.part.startswith("prefill:"):  # a prefill leg's answer is not the client's
+            _first_event(summary, event)
     elif isinstance(event, Counted):
         _first_event(summary, event)
         summary["input_tokens"] = event.input_tokens
@@ -181,6 +184,22 @@ def describe(event: Event) -> str:
         if event.disconnected:
             parts.append("DISCONNECTED")
         return " ".join(parts)
+    if isinstance(event, Admission):
+        parts = [f"{event.gate} {event.decision}"]
+        if event.queued_ms:
+            parts.append(f"queued={event.queued_ms:.1f}ms")
+        if event.reserved_tokens is not None:
+            parts.append(f"reserved={event.reserved_tokens}")
+        if event.retry_after is not None:
+            parts.append(f"retry_after={event.retry_after}s")
+        if event.tenant:
+            parts.append(f"tenant={event.tenant}")
+        return " ".join(parts)
+    if isinstance(event, Settled):
+        return (
+            f"{event.delta:+d} tokens (input={event.input_tokens} output={event.output_tokens}"
+            f" reserved={event.reserved_tokens}) tenant={event.tenant}"
+        )
     return _clip(repr(event.to_dict()))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 
 
@@ -15,6 +16,7 @@ class GatewayConfig:
     worker_urls: tuple[str, ...] = ()
     prefill_urls: tuple[tuple[str, int | None], ...] = ()  # --prefill URL [BOOTSTRAP_PORT]
     decode_urls: tuple[str, ...] = ()  # --decode URL
+    encode_urls: tuple[tuple[str, int | None], ...] = ()  # --encode URL [BOOTSTRAP_PORT] (EPD)
     backend: str | None = None  # --backend: an engine runtime for gRPC workers, or an API (anthropic)
     model_path: str | None = None
     tokenizer_path: str | None = None
@@ -35,6 +37,8 @@ class GatewayConfig:
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
+    zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

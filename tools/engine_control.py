@@ -43,6 +43,10 @@ class EngineControl:
         """Every GenerateRequest the engine received, as dicts, in order."""
         return cast(list[dict[str, Any]], self._call("Received")["requests"])
 
+    def encoded(self) -> list[dict[str, Any]]:
+        """Every EncodeRequest an encode worker (`--role encode`) received, as dicts, in order."""
+        return cast(list[dict[str, Any]], self._call("Encoded")["requests"])
+
     def aborts(self) -> list[str]:
         """The request ids named by Abort calls, in order."""
         return cast(list[str], self._call("Aborts")["request_ids"])
@@ -50,6 +54,10 @@ class EngineControl:
     def cancelled(self) -> list[str]:
         """The request ids of Generate calls the client cancelled, in order."""
         return cast(list[str], self._call("Cancelled")["request_ids"])
+
+    def trace_context(self) -> list[dict[str, str]]:
+        """The `traceparent`/`tracestate` metadata of each Generate call, in order."""
+        return cast(list[dict[str, str]], self._call("TraceContext")["metadata"])
 
     def reset(self) -> None:
         """Clear scripts, records and health, and release held streams."""
@@ -62,6 +70,10 @@ class EngineControl:
     def health(self, healthy: bool) -> None:
         """Make HealthCheck answer healthy or not."""
         self._call("SetHealth", {"healthy": healthy})
+
+    def die(self) -> None:
+        """The scripted ZMQ engine: send `ENGINE_CORE_DEAD` and exit."""
+        self._call("Die")
 
     def close(self) -> None:
         self._channel.close()

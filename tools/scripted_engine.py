@@ -11,6 +11,7 @@ port, a control service `tools.ScriptedEngine` whose unary methods take and retu
 - `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order;
 - `Aborts` → `{"request_ids": [...]}`: the ids named by `Abort` calls, in order;
 - `Cancelled` → `{"request_ids": [...]}`: the `Generate` calls the client cancelled, in order;
+- `TraceContext` → `{"metadata": [...]}`: each `Generate` call's `traceparent`/`tracestate` metadata;
 - `Release` lets streams waiting at `hold_after` go on; `SetHealth` `{"healthy": bool}`;
 - `Reset` clears scripts, records and health and releases held streams.
 
@@ -56,12 +57,30 @@ TensorRT-LLM servicer, smg-project/smg `crates/grpc_client`):
   (vLLM first sends an empty chunk, as it does).
 
 A prompt longer than the context window or an empty one fails with `INVALID_ARGUMENT`, as vLLM
-answers. `GetTokenizer` streams a zip of the tokenizer files of `--model-path` (the servicers'
-file list) in 64 KiB chunks, the sha256 on the last one.
+answers.
+
+`--role` makes it one leg of a disaggregated deployment, as the real servicers behave there:
+
+- `prefill` / `decode` (SGLang, TokenSpeed): a request without its rendezvous (SGLang's
+  `disaggregated_params` with a `bootstrap_room`, TokenSpeed's `kv_bootstrap_info`) fails with
+  `INVALID_ARGUMENT` "Disaggregated request received without bootstrap room id"; a prefill leg
+  produces one token, then its `complete`;
+- `prefill` (vLLM): a request tagged `do_remote_decode` in `kv_transfer_params_json` completes
+  with the handoff for the decode leg in its own `kv_transfer_params_json`
+  (`do_remote_prefill`, `remote_engine_id`, `remote_block_ids`, `remote_host`, `remote_port`,
+  `remote_request_id`); `GetServerInfo` names `--kv-connector` (default NixlConnector) and an
+  engine id; a decode leg is any engine told `--role decode` (it reads what it is given);
+- `encode` (TokenSpeed): serves `TokenSpeedEncoder.Encode` beside the scheduler service (which
+  discovery and health checks use, as the real encode worker does); `Generate` fails with
+  `FAILED_PRECONDITION`. `Encoded` → `{"requests": [...]}` gives the `EncodeRequest`s.
+
+`GetTokenizer` streams a zip of the tokenizer files of `--model-path` (the servicers' file list)
+in 64 KiB chunks, the sha256 on the last one.
 
 Run: ``python -m tools.scripted_engine --port P --runtime sglang --model-path DIR
 [--host 127.0.0.1] [--served-model-name NAME] [--reported-model-path PATH] [--max-context-length N]
-[--no-tokenizer-bundle] [--eos-token-ids 1,2] [--default-sampling-params JSON]``. It prints a line starting with
+[--no-tokenizer-bundle] [--eos-token-ids 1,2] [--default-sampling-params JSON]
+[--role regular|prefill|decode|encode] [--kv-connector NAME]``. It prints a line starting with
 ``scripted engine ready`` once it serves.
 """
 
@@ -78,7 +97,7 @@ import time
 import zipfile
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +111,8 @@ from smg_grpc_proto.generated import (
     mlx_engine_pb2_grpc,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
+    tokenspeed_encoder_pb2,
+    tokenspeed_encoder_pb2_grpc,
     tokenspeed_scheduler_pb2,
     tokenspeed_scheduler_pb2_grpc,
     trtllm_service_pb2,
@@ -101,6 +122,10 @@ from smg_grpc_proto.generated import (
 )
 
 RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
+ROLES = ("regular", "prefill", "decode", "encode")
+NO_ROOM = "Disaggregated request received without bootstrap room id"
+# Where each runtime carries a prefill/decode rendezvous (vLLM carries KV params instead).
+_RENDEZVOUS_FIELD = {"sglang": "disaggregated_params", "tokenspeed": "kv_bootstrap_info"}
 CONTROL_SERVICE = "tools.ScriptedEngine"
 READY_LINE = "scripted engine ready"
 DEFAULT_TEXT = "Hello! I am the scripted engine, answering over gRPC."
@@ -293,6 +318,9 @@ class Model:
     pad_token_id: int
     default_sampling: dict[str, Any]
     bundle_enabled: bool
+    kv_connector: str = ""  # vLLM GetServerInfo: the engine's KV connector ("" when not disaggregated)
+    kv_role: str = ""
+    kv_engine_id: str = ""
     _bundle: tuple[bytes, str] | None = None
 
     @classmethod
@@ -313,6 +341,10 @@ class Model:
         if args.default_sampling_params:
             defaults.update(json.loads(args.default_sampling_params))
         reported = args.reported_model_path or str(path)
+        role = getattr(args, "role", "regular")
+        pd = role in ("prefill", "decode")
+        connector = getattr(args, "kv_connector", None)
+        connector = connector if connector is not None else ("NixlConnector" if pd else "")
         return cls(
             path=path,
             reported_path=reported,
@@ -327,6 +359,9 @@ class Model:
             pad_token_id=_first(config.get("pad_token_id"), generation.get("pad_token_id")),
             default_sampling=defaults,
             bundle_enabled=not args.no_tokenizer_bundle,
+            kv_connector=connector,
+            kv_role={"prefill": "kv_producer", "decode": "kv_consumer"}.get(role, "") if connector else "",
+            kv_engine_id=f"scripted-{role}-{args.port}" if connector else "",
         )
 
     def encode(self, text: str) -> list[int]:
@@ -722,6 +757,9 @@ class VllmWire(Wire):
             active_requests=active,
             uptime_seconds=uptime,
             server_type="vllm-grpc",
+            kv_connector=model.kv_connector,
+            kv_role=model.kv_role,
+            kv_engine_id=model.kv_engine_id,
             data_parallel_size=1,
             kv_cache_dtype="auto",
             block_size=16,
@@ -924,10 +962,14 @@ class Engine:
     received: list[dict[str, Any]] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    trace_context: list[dict[str, str]] = field(default_factory=list)  # each Generate's traceparent/tracestate
     healthy: bool = True
     released: asyncio.Event = field(default_factory=asyncio.Event)
     streams: dict[str, _Stream] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    role: str = "regular"
+    address: tuple[str, int] = ("127.0.0.1", 0)  # where it serves: a vLLM prefill's handoff names it
+    encoded: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.wire = WIRES[self.runtime]()
@@ -943,8 +985,10 @@ class Engine:
         self.scripts.clear()
         self.default = None
         self.received.clear()
+        self.encoded.clear()
         self.aborts.clear()
         self.cancelled.clear()
+        self.trace_context.clear()
         self.healthy = True
         self.release()
 
@@ -961,10 +1005,14 @@ class Engine:
             return {"queued": len(self.scripts)}
         if method == "Received":
             return {"requests": list(self.received)}
+        if method == "Encoded":
+            return {"requests": list(self.encoded)}
         if method == "Aborts":
             return {"request_ids": list(self.aborts)}
         if method == "Cancelled":
             return {"request_ids": list(self.cancelled)}
+        if method == "TraceContext":
+            return {"metadata": list(self.trace_context)}
         if method == "Reset":
             self.reset()
             return {"reset": True}
@@ -983,16 +1031,26 @@ class Engine:
 
     async def generate(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         self.received.append(MessageToDict(request, preserving_proto_field_name=True))
+        if self.role == "encode":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "an encode worker does not generate")
+        metadata = context.invocation_metadata() or ()
+        self.trace_context.append({k: str(v) for k, v in metadata if k in ("traceparent", "tracestate")})
         asked = self.wire.asked(request)
-        refusal = self._refusal(asked)
+        refusal = self._refusal(asked) or self._disaggregation_refusal(request)
         if refusal is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+        if self.role == "prefill" and self.runtime in _RENDEZVOUS_FIELD:
+            # A prefill leg computes the prompt's KV and the first token, then hands off.
+            asked = replace(asked, max_tokens=1)
+        handoff = self._handoff(request)
         script = self._take_script(asked)
         plan = make_plan(script, asked, self.model, self.semantics)
         stream = _Stream(tokens=len(asked.input_ids))
         self.streams[asked.request_id] = stream
         try:
             async for response in self._run(asked, script, plan, stream, context):
+                if handoff is not None and response.WhichOneof("response") == "complete":
+                    response.complete.kv_transfer_params_json = handoff
                 yield response
         except asyncio.CancelledError:
             self.cancelled.append(asked.request_id)
@@ -1016,6 +1074,44 @@ class Engine:
                     del self.scripts[index]
                 return script
         return self.default or Script()
+
+    def _disaggregation_refusal(self, request: Any) -> str | None:
+        """A PD leg of SGLang or TokenSpeed needs its rendezvous, as the real schedulers do."""
+        name = _RENDEZVOUS_FIELD.get(self.runtime)
+        if self.role not in ("prefill", "decode") or name is None:
+            return None
+        if not request.HasField(name) or not getattr(request, name).bootstrap_room:
+            return NO_ROOM
+        return None
+
+    def _handoff(self, request: Any) -> str | None:
+        """What a vLLM prefill leg tagged `do_remote_decode` returns for its decode leg."""
+        if self.runtime != "vllm" or self.role != "prefill" or not request.HasField("kv_transfer_params_json"):
+            return None
+        try:
+            tagged = json.loads(request.kv_transfer_params_json)
+        except ValueError:
+            return None
+        if not isinstance(tagged, dict) or not tagged.get("do_remote_decode"):
+            return None
+        host, port = self.address
+        blocks = list(range((len(request.tokenized.input_ids) + 15) // 16))
+        return json.dumps(
+            {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.model.kv_engine_id,
+                "remote_block_ids": blocks,
+                "remote_host": host,
+                "remote_port": port,
+                "remote_request_id": request.request_id,
+                "tp_size": 1,
+            }
+        )
+
+    async def encode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.encoded.append(MessageToDict(request, preserving_proto_field_name=True))
+        return tokenspeed_encoder_pb2.EncodeResponse(accepted=True)
 
     def _refusal(self, asked: Asked) -> str | None:
         if not asked.input_ids:
@@ -1206,7 +1302,19 @@ def servicer(engine: Engine) -> Any:
     return cls()
 
 
-CONTROL_METHODS = ("Script", "Received", "Aborts", "Cancelled", "Reset", "Release", "SetHealth")
+CONTROL_METHODS = (
+    "Script", "Received", "Encoded", "Aborts", "Cancelled", "TraceContext", "Reset", "Release", "SetHealth"
+)
+
+
+def encoder_servicer(engine: Engine) -> Any:
+    """TokenSpeed's encoder service, bound to `engine` (an encode worker's)."""
+
+    async def encode(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await engine.encode(request, context)
+
+    base = tokenspeed_encoder_pb2_grpc.TokenSpeedEncoderServicer
+    return type("ScriptedTokenSpeedEncoder", (base,), {"Encode": encode})()
 
 
 def control_handler(engine: Engine) -> grpc.GenericRpcHandler:
@@ -1228,9 +1336,14 @@ def control_handler(engine: Engine) -> grpc.GenericRpcHandler:
 
 async def serve(args: argparse.Namespace) -> None:
     model = Model.load(args)
-    engine = Engine(args.runtime, model)
+    if args.role == "encode" and args.runtime != "tokenspeed":
+        print("--role encode is a TokenSpeed encode worker: use --runtime tokenspeed", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    engine = Engine(args.runtime, model, role=args.role, address=(args.host, args.port))
     server = grpc.aio.server(options=SERVER_OPTIONS)
     engine.wire.add_to_server(servicer(engine), server)
+    if args.role == "encode":
+        tokenspeed_encoder_pb2_grpc.add_TokenSpeedEncoderServicer_to_server(encoder_servicer(engine), server)
     server.add_generic_rpc_handlers((control_handler(engine),))
     address = f"{args.host}:{args.port}"
     try:
@@ -1243,7 +1356,10 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    print(f"{READY_LINE}: runtime={args.runtime} model={model.served_name} grpc://{address}", flush=True)
+    print(
+        f"{READY_LINE}: runtime={args.runtime} role={args.role} model={model.served_name} grpc://{address}",
+        flush=True,
+    )
     await stopping.wait()
     await server.stop(grace=0.5)
 
@@ -1264,6 +1380,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-tokenizer-bundle", action="store_true", help="GetTokenizer answers FAILED_PRECONDITION")
     parser.add_argument("--eos-token-ids", default="", help="comma-separated; default generation_config.json's")
     parser.add_argument("--default-sampling-params", default="", help="JSON merged into default_sampling_params_json")
+    parser.add_argument("--role", choices=ROLES, default="regular", help="a leg of a disaggregated deployment")
+    parser.add_argument(
+        "--kv-connector", default=None, help="vLLM GetServerInfo's kv_connector (default NixlConnector for PD roles)"
+    )
     asyncio.run(serve(parser.parse_args(argv)))
 
 

@@ -267,3 +267,38 @@ def spawn_engine(
             if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
                 raise
     raise AssertionError("unreachable")
+
+
+def spawn_zmq_engine(
+    path: str | Path,
+    model_path: str | Path = REPO_ROOT / "tests" / "fixtures" / "qwen3",
+    extra: list[str] | None = None,
+    *,
+    timeout: float = 30.0,
+) -> Spawned:
+    """Start ``tools.scripted_zmq_engine`` dialling the ZMQ worker ``ipc://PATH`` and wait until
+    its control service serves (the gateway may come up before or after it).
+
+    The returned ``url`` is the control service's ``grpc://127.0.0.1:PORT`` (for
+    ``EngineControl``); the worker URL the gateway is given is ``ipc://PATH``.
+    """
+    for attempt in range(3):
+        port = free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "tools.scripted_zmq_engine",
+            "--path",
+            str(path),
+            "--model-path",
+            str(model_path),
+            "--control-port",
+            str(port),
+            *(extra or []),
+        ]
+        try:
+            return spawn(args, ready_line="scripted zmq engine ready", url=f"grpc://127.0.0.1:{port}", timeout=timeout)
+        except RuntimeError as exc:
+            if attempt == 2 or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")

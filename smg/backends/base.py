@@ -33,6 +33,7 @@ class Call:
     headers: Mapping[str, str]  # the client's headers, lower-case names
     raw: bytes = b""  # the body bytes as received
     alias_used: bool = False
+    tenant: str | None = None  # who the request is charged to (`auth:…`, `ip:…`; smg.admission.tenants)
 
 
 @dataclass
@@ -53,6 +54,11 @@ class Target(Protocol):
     models: set[str]
     context_windows: dict[str, int]
     healthy: bool
+
+    @property
+    def role(self) -> str:
+        """"regular", or a disaggregated deployment's "prefill", "decode", "encode"."""
+        ...
 
 
 @dataclass
@@ -128,7 +134,7 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
 
 
 class Connector(Protocol):
-    name: str  # the journal's backend name: "http", "grpc", "anthropic"
+    name: str  # the journal's backend name: "http", "grpc", "zmq", "anthropic"
 
     async def start(self) -> None: ...
 
@@ -148,7 +154,8 @@ class Connector(Protocol):
         ...
 
     async def load(self, target: Target) -> int | None:
-        """The requests the worker itself reports running or waiting; None when it cannot say."""
+        """The requests the worker itself reports running or waiting; None when it cannot say.
+        Raises `WorkerUnreachable` when the connector knows the worker is gone."""
         ...
 
     def ready(self, targets: Sequence[Target]) -> bool:

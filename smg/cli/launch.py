@@ -8,8 +8,10 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
+from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerSpec
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
@@ -41,8 +43,8 @@ def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | No
     return None
 
 
-def _prefill_workers(values: list[str]) -> list[tuple[str, int | None]]:
-    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill."""
+def _prefill_workers(values: list[str], flag: str = "--prefill") -> list[tuple[str, int | None]]:
+    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill (or --encode)."""
     out: list[tuple[str, int | None]] = []
     for value in values:
         url, _, port = value.partition(" ")
@@ -51,7 +53,7 @@ def _prefill_workers(values: list[str]) -> list[tuple[str, int | None]]:
         elif port.isdigit() and 0 < int(port) < 65536:
             out.append((url, int(port)))
         else:
-            raise LaunchError(f"--prefill takes URL [BOOTSTRAP_PORT], got {value!r}")
+            raise LaunchError(f"{flag} takes URL [BOOTSTRAP_PORT], got {value!r}")
     return out
 
 
@@ -93,6 +95,7 @@ def build_config(
     router: RouterConfig | None = None,
     prefill: list[str] | None = None,
     decode: list[str] | None = None,
+    encode: list[str] | None = None,
     mcp_config_path: Path | None = None,
     chat_template: Path | None = None,
     tokenizer_autoload: bool = True,
@@ -100,29 +103,50 @@ def build_config(
     reasoning_parser: str | None = None,
     journal_retention: str | None = None,
     journal_bodies: str = "full",
+    observability: ObservabilityConfig | None = None,
+    zmq_engine_count: int = 1,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
     decode_urls = list(decode or [])
-    if (prefill_urls or decode_urls) and not router.pd:
-        raise LaunchError("--prefill/--decode need --pd-disaggregation")
+    encode_urls = _prefill_workers(encode or [], "--encode")
+    disaggregated = router.pd or router.epd
+    if router.pd and router.epd:
+        raise LaunchError("--pd-disaggregation and --epd-disaggregation are two modes: choose one")
+    if (prefill_urls or decode_urls) and not disaggregated:
+        raise LaunchError("--prefill/--decode need --pd-disaggregation (or --epd-disaggregation)")
+    if encode_urls and not router.epd:
+        raise LaunchError("--encode needs --epd-disaggregation")
     if router.pd and not router.igw and not (prefill_urls and decode_urls):
         raise LaunchError("--pd-disaggregation needs at least one --prefill URL and one --decode URL")
-    if not worker_urls and not router.igw and not router.pd:
+    if router.epd and not router.igw and not (encode_urls and prefill_urls and decode_urls):
+        raise LaunchError("--epd-disaggregation needs at least one --encode, one --prefill and one --decode URL")
+    leg_urls = [*(u for u, _ in encode_urls), *(u for u, _ in prefill_urls), *decode_urls]
+    if not worker_urls and not router.igw and not disaggregated:
         raise LaunchError("--worker-urls is required (e.g. --worker-urls http://127.0.0.1:8000), unless --enable-igw")
     kinds = set()
-    for url in [*worker_urls, *(u for u, _ in prefill_urls), *decode_urls]:
+    for url in [*worker_urls, *leg_urls]:
         try:
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     if "zmq" in kinds:
-        raise LaunchError("ipc:// (ZMQ) workers are not supported by this gateway yet; use grpc:// or http(s)://")
-    if router.pd and any(worker_kind(u) != "http" for u in [*(u for u, _ in prefill_urls), *decode_urls]):
-        raise LaunchError("prefill/decode over gRPC or ZMQ is not served by this gateway yet; use http(s):// workers")
+        _check_zmq(backend, model_path, zmq_engine_count)
+    leg_kinds = {worker_kind(u) for u in leg_urls}
+    if "zmq" in leg_kinds:
+        # As the reference: the ZMQ wire carries no KV-transfer metadata and has no encode path.
+        raise LaunchError("prefill/decode/encode workers must be grpc:// (or http(s):// for PD): ZMQ carries no KV "
+                          "transfer metadata")
+    if len(leg_kinds) > 1:
+        raise LaunchError("the prefill and decode workers of one deployment use one connection: all grpc:// or all "
+                          "http(s)://")
+    if router.epd and leg_kinds - {"grpc"}:
+        raise LaunchError("--epd-disaggregation serves grpc:// workers (TokenSpeed) only")
+    if router.epd and backend is not None and backend != "tokenspeed":
+        raise LaunchError(f"--epd-disaggregation serves TokenSpeed workers; --backend {backend} has no encode workers")
     if len(kinds) > 1 and not router.igw:
-        raise LaunchError("mixing gRPC and HTTP workers needs IGW mode (--enable-igw)")
-    grpc = "grpc" in kinds or (router.igw and not kinds)
+        raise LaunchError("mixing gRPC, ZMQ and HTTP workers needs IGW mode (--enable-igw)")
+    grpc = bool(kinds & {"grpc", "zmq"}) or (router.igw and not kinds)
     if "grpc" in kinds and backend is not None and backend not in ENGINE_RUNTIMES:
         runtimes = ", ".join(ENGINE_RUNTIMES)
         raise LaunchError(f"--backend {backend} cannot serve grpc:// workers; use one of {runtimes}")
@@ -174,6 +198,7 @@ def build_config(
         worker_urls=tuple(worker_urls),
         prefill_urls=tuple(prefill_urls),
         decode_urls=tuple(decode_urls),
+        encode_urls=tuple(encode_urls),
         backend=backend,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
@@ -193,7 +218,23 @@ def build_config(
         tokenizer_autoload=tokenizer_autoload,
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
+        observability=observability or ObservabilityConfig(),
+        zmq_engine_count=zmq_engine_count,
     )
+
+
+def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -> None:
+    """ipc:// workers: the wire cannot be detected, and EngineCore reports no model id."""
+    from smg.backends.zmq import ZMQ_RUNTIMES
+
+    if backend is None:
+        raise LaunchError("ipc:// (ZMQ) workers need --backend vllm or tokenspeed: the ZMQ wire cannot be detected")
+    if backend not in ZMQ_RUNTIMES:
+        raise LaunchError(f"--backend {backend} cannot serve ipc:// workers; use one of {', '.join(ZMQ_RUNTIMES)}")
+    if not model_path:
+        raise LaunchError("ipc:// (ZMQ) workers need --model-path: it is the model id and the tokenizer")
+    if engine_count < 1:
+        raise LaunchError("--zmq-engine-count must be at least 1")
 
 
 def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
@@ -201,21 +242,38 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     IGW mode), and the static workers it starts with."""
     from smg.backends.anthropic import AnthropicConnector
     from smg.backends.base import Connector
-    from smg.backends.grpc.backend import GrpcConnector
+    from smg.backends.grpc.backend import EngineConnector
+    from smg.backends.grpc.pd import GrpcPdConnector
     from smg.backends.http.pd import HttpPdConnector
     from smg.backends.http.relay import HttpConnector
+    from smg.backends.zmq.connector import zmq_connector
+    from smg.pipeline.tokenizers.registry import TokenizerRegistry
 
     kinds = {worker_kind(u) for u in config.worker_urls}
+    legs = {worker_kind(u) for u, _ in [*config.prefill_urls, *config.encode_urls]} | {
+        worker_kind(u) for u in config.decode_urls
+    }
     anthropic = config.backend == "anthropic"
+    igw, pd, epd = config.router.igw, config.router.pd, config.router.epd
     connectors: dict[str, Connector] = {}
-    if config.router.igw or anthropic:
+    if igw or anthropic:
         connectors["anthropic"] = AnthropicConnector(config)
-    if config.router.igw or (kinds == {"grpc"} and not anthropic):
-        connectors["grpc"] = GrpcConnector(config)
-    if config.router.igw or ("http" in kinds and not anthropic) or config.router.pd:
+    # gRPC and ZMQ engines serving one model share its tokenizer.
+    tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
+    if igw or (kinds == {"grpc"} and not anthropic) or "grpc" in legs:
+        grpc = EngineConnector(config, tokenizers)
+        connectors["grpc"] = grpc
+        # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
+        if igw or (pd and "grpc" in legs):
+            connectors["pd-grpc"] = GrpcPdConnector(grpc)
+        if epd:
+            connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
+    if igw or (kinds == {"zmq"} and not anthropic):
+        connectors["zmq"] = zmq_connector(config, tokenizers)
+    if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
         relay = HttpConnector(config)
         connectors["http"] = relay
-        if config.router.igw or config.router.pd:
+        if igw or pd:
             connectors["pd-http"] = HttpPdConnector(config, relay)
     specs = [
         WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
@@ -225,10 +283,11 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     ]
     specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
     specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
+    specs += [WorkerSpec(url=url, role="encode", bootstrap_port=port) for url, port in config.encode_urls]
     return Router(config.router, connectors), specs
 
 
-def run(config: GatewayConfig) -> None:
+def run(config: GatewayConfig, admission: Gates | None = None) -> None:
     """Serve until interrupted, in this process (one journal writer, one event loop)."""
     from journal.writer import JournalWriter, NullJournal
     from smg.server.app import build_app
@@ -239,7 +298,7 @@ def run(config: GatewayConfig) -> None:
         if config.journal_path
         else NullJournal()
     )
-    app = build_app(config, router, journal, static)
+    app = build_app(config, router, journal, static, admission=admission)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     app.run(
         host=config.host,

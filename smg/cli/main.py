@@ -10,11 +10,14 @@ from typing import Annotated, Any
 
 import typer
 
+from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
+from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
 from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.observability.config import ObservabilityConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
 from smg.routing.policies import PolicyConfig
@@ -30,9 +33,23 @@ app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
-_MULTI_VALUE = ("--worker-urls", "--cors-allowed-origins", "--model-alias", "--routing-key-headers")
-# The router's components: their flags are declared on their settings (`smg.flags.option`).
-_COMPONENTS = (RouterConfig, PolicyConfig, RetryConfig, BreakerConfig, HealthConfig)
+_MULTI_VALUE = (
+    "--worker-urls",
+    "--cors-allowed-origins",
+    "--model-alias",
+    "--routing-key-headers",
+    "--prometheus-duration-buckets",
+)
+# The components: their flags are declared on their settings (`smg.flags.option`).
+_COMPONENTS = (
+    RouterConfig,
+    PolicyConfig,
+    RetryConfig,
+    BreakerConfig,
+    HealthConfig,
+    *ADMISSION_COMPONENTS,
+    ObservabilityConfig,
+)
 
 
 def router_config(params: dict[str, Any]) -> RouterConfig:
@@ -49,13 +66,14 @@ def router_config(params: dict[str, Any]) -> RouterConfig:
 # Flags of the reference gateway this build knows of but does not serve yet: refused by name,
 # never ignored.
 NOT_YET = {
-    "--epd-disaggregation": "encode/prefill/decode disaggregation",
-    "--tenant-api-key": "per-tenant keys (not a flag of `smg launch`)",
-    "--max-concurrent-requests": "concurrency admission",
-    "--tenant-rate-limit-enabled": "tenant rate limiting",
+    "--rate-limit-tokens-per-second": "a refilling admission bucket",
+    "--priority-scheduler-enabled": "the priority admission scheduler",
+    "--priority-scheduler-config": "the priority admission scheduler",
     "--stream-request-bodies-over": "streamed-through request bodies",
-    "--prometheus-port": "Prometheus metrics",
 }
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def expand_multi_values(argv: list[str]) -> list[str]:
@@ -75,10 +93,10 @@ def expand_multi_values(argv: list[str]) -> list[str]:
 
 def join_bootstrap_ports(argv: list[str]) -> list[str]:
     """`--prefill URL 9000` → `--prefill 'URL 9000'`: the reference's optional bootstrap port (or
-    `none`) after a prefill URL, kept with its URL."""
+    `none`) after a prefill (or encode) URL, kept with its URL."""
     out: list[str] = []
     for arg in argv:
-        if len(out) >= 2 and out[-2] == "--prefill" and (arg.isdigit() or arg.lower() == "none"):
+        if len(out) >= 2 and out[-2] in ("--prefill", "--encode") and (arg.isdigit() or arg.lower() == "none"):
             out[-1] = f"{out[-1]} {arg}"
             continue
         out.append(arg)
@@ -105,6 +123,10 @@ def launch(
     ] = None,
     decode: Annotated[
         list[str] | None, typer.Option(help="With --pd-disaggregation: a decode worker URL (repeatable).")
+    ] = None,
+    encode: Annotated[
+        list[str] | None,
+        typer.Option(help="With --epd-disaggregation: an encode worker, URL [BOOTSTRAP_PORT] (repeatable)."),
     ] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", "--runtime", help="Engine runtime or API backend (e.g. sglang, vllm).")
@@ -160,9 +182,13 @@ def launch(
             "POST /v1/tokenizers register one.",
         ),
     ] = False,
+    zmq_engine_count: Annotated[
+        int, typer.Option(help="ipc:// (ZMQ) workers: the data-parallel engines that dial each worker.")
+    ] = 1,
     **flags: Any,
 ) -> None:
     """Start the gateway."""
+    from smg.admission import build_admission
     from smg.cli.launch import LaunchError, build_config, run
 
     for extra in ctx.args:
@@ -172,13 +198,23 @@ def launch(
         if name.startswith("-"):
             raise typer.BadParameter(f"no such option: {name}", param_hint=name)
         raise typer.BadParameter(f"unexpected argument {extra!r}")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from smg.observability import logs
+
+    observability = build_component(ObservabilityConfig, flags)
+    logs.configure(log_level if log_level.lower() in _LOG_LEVELS else "info", observability.log_json)
     # The upstream client would log every request at INFO: far too much on the hot path.
     for noisy in ("httpx", "httpcore", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         try:
             router = router_config(flags)
+            admission = build_admission(
+                api_key or None,
+                tenants=build_component(TenantConfig, flags),
+                concurrency=build_component(ConcurrencyConfig, flags),
+                rate_limit=build_component(RateLimitConfig, flags),
+            )
+            observability.check()
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
@@ -187,6 +223,7 @@ def launch(
             worker_urls=worker_urls or [],
             prefill=prefill or [],
             decode=decode or [],
+            encode=encode or [],
             backend=backend,
             model_path=model_path,
             tokenizer_path=tokenizer_path,
@@ -206,8 +243,10 @@ def launch(
             tokenizer_autoload=not disable_tokenizer_autoload,
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
+            observability=observability,
+            zmq_engine_count=zmq_engine_count,
         )
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config)
+    run(config, admission)

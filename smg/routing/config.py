@@ -43,4 +43,11 @@ class RouterConfig:
         default=False,
         metadata=option("--pd-disaggregation", "Prefill/decode deployments: --prefill URL [PORT] and --decode URL."),
     )
+    epd: bool = field(
+        default=False,
+        metadata=option(
+            "--epd-disaggregation",
+            "Encode/prefill/decode deployments over gRPC (TokenSpeed): --encode URL [PORT], --prefill, --decode.",
+        ),
+    )
     runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

@@ -1,6 +1,9 @@
 """One request's attempts: the policy picks a worker of the pool for each, the worker's
 in-flight count and circuit breaker follow what happened, and the retry rules decide whether
-another attempt follows. Connectors consume `attempts()`; they never pick a worker."""
+another attempt follows. Connectors consume `attempts()`; they never pick a worker.
+
+The per-attempt metrics (worker selection, retries, upstream answers, breaker outcomes and
+transitions) are counted here, where each attempt is leased and settled."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 
 from journal.events import Routed
 from smg.backends.base import Failure, Lease, Target
+from smg.observability import metrics, tracing
 from smg.protocol.errors import ApiError
 from smg.routing.breaker import outcome_of_status
 from smg.routing.policies import Policy, RouteContext
@@ -62,9 +66,11 @@ class Dispatch:
         retry: RetryConfig,
         on_idle: Callable[[Worker], None],
         empty: Callable[[], ApiError] = no_available_workers,
+        endpoint: str = "messages",
     ) -> None:
         self._empty = empty
         self._backend = backend
+        self._endpoint = "messages" if endpoint == "messages" else "other"  # the reference's label
         self._model = model
         self._workers = workers
         self._policy = policy
@@ -108,8 +114,15 @@ class Dispatch:
         if not preferred:
             # Every worker is down after a failure: report that failure, not the pool state.
             raise last.error if last is not None else self._empty()
-        choice = self._policy.choose(preferred, self._context)
+        with tracing.stage("select_worker", policy=self._policy.name, attempt=number):
+            choice = self._policy.choose(preferred, self._context)
         worker = choice.worker
+        m = metrics.current
+        if m is not None:
+            m.selection.labels(worker.role, worker.connection, self._model, self._policy.name).inc()
+            m.worker_requests.labels(worker.url, self._model).inc()
+            if number > 1:
+                m.retries.labels(worker.role, self._endpoint).inc()
         routed = Routed(
             backend=self._backend,
             worker=worker.url,
@@ -133,7 +146,10 @@ class Dispatch:
         worker = lease.worker
         worker.in_flight -= 1
         failure = lease.failure
+        outcome: bool | None = None
+        before = worker.breaker.state
         if failure is not None:
+            outcome = False
             worker.breaker.record(False)
             if failure.kind in ("refused", "unavailable"):
                 worker.refused(failure.error.message)
@@ -141,8 +157,31 @@ class Dispatch:
             outcome = outcome_of_status(lease.status)
             if outcome is not None:
                 worker.breaker.record(outcome)
+        m = metrics.current
+        if m is not None:
+            self._count_settlement(m, lease, outcome, before)
         if worker.removed and worker.in_flight == 0:
             self._on_idle(worker)
+
+    def _count_settlement(self, m: metrics.Metrics, lease: _Lease, outcome: bool | None, before: str) -> None:
+        worker = lease.worker
+        if lease.attempt > 1 and lease.attempt == self._retry.max_attempts:
+            failure = lease.failure
+            if (failure is not None and failure.retryable and failure.kind in RETRYABLE_FAILURES) or (
+                failure is None and lease.status in RETRYABLE_STATUSES
+            ):
+                m.retries_exhausted.labels(worker.role, self._endpoint).inc()
+        if lease.status is not None:
+            m.upstream_responses.labels(self._backend_label, str(lease.status), "").inc()
+        if outcome is not None:
+            m.cb_outcomes.labels(worker.url, "success" if outcome else "failure").inc()
+            state = worker.breaker.state
+            if state != before:
+                m.cb_transitions.labels(worker.url, before, state).inc()
+
+    @property
+    def _backend_label(self) -> str:
+        return "grpc" if self._backend == "grpc" else "http"
 
 
 class _PairLease(_Lease):

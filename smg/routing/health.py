@@ -46,7 +46,11 @@ async def discover(worker: Worker, connector: Connector) -> bool:
 
 
 async def poll_load(worker: Worker, connector: Connector) -> None:
-    worker.engine_load = await connector.load(worker)
+    try:
+        worker.engine_load = await connector.load(worker)
+    except WorkerUnreachable as exc:
+        # The connector knows the worker is gone (a ZMQ engine that died): out now, not at the next probe.
+        worker.refused(str(exc))
 
 
 async def probe(worker: Worker, connector: Connector, config: HealthConfig) -> None:

@@ -2,8 +2,8 @@
 
 Per request: the model's workers (404 `model_not_found` when none serves it), then the pool —
 an external provider's worker first (Anthropic → the Anthropic connector; any other provider
-→ 501), else one of the self-hosted pools (gRPC, HTTP), weighted by their available workers;
-count_tokens and `max_tokens: 0` prefer a pool whose gateway answers them itself (gRPC). The
+→ 501), else one of the self-hosted pools (gRPC, ZMQ, HTTP), weighted by their available workers;
+count_tokens and `max_tokens: 0` prefer a pool whose gateway answers them itself (gRPC, ZMQ). The
 pool's policy picks the worker of each attempt (`Dispatch`). Without IGW only one kind of
 worker is configured, and the same code path runs with one pool.
 
@@ -51,7 +51,7 @@ PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
     "xai": ("grok-",),
 }
 # Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
-_SELF_ANSWERING = ("grpc",)
+_SELF_ANSWERING = ("grpc", "zmq", "pd-grpc", "epd-grpc")
 # Policies that route on the request's text; the others never pay for extracting it.
 _TEXT_POLICIES = NEEDS_TEXT | {"prefix_hash"}
 
@@ -71,14 +71,20 @@ class WorkerSpec:
     wildcard: bool = False  # serves every model (`--backend anthropic`)
 
 
-def pool_key(worker: Worker) -> str | None:
+def pool_key(worker: Worker, epd: bool = False) -> str | None:
     """The self-hosted pool a worker belongs to: its connection mode, `pd-<mode>` for the
-    prefill and decode workers of a disaggregated deployment (None for roles not served)."""
+    prefill and decode workers of a disaggregated deployment, `epd-<mode>` for the encode,
+    prefill and decode workers of an encode/prefill/decode one (`epd`: the gateway's mode)."""
     if worker.role == "regular":
         return worker.connection
-    if worker.role in ("prefill", "decode"):
-        return f"pd-{worker.connection}"
-    return None
+    if worker.role == "encode" or (epd and worker.role in ("prefill", "decode")):
+        return f"epd-{worker.connection}"
+    return f"pd-{worker.connection}"
+
+
+def disaggregated(key: str) -> bool:
+    """Whether a pool's requests are served by prefill/decode pairs."""
+    return key.startswith(("pd-", "epd-"))
 
 
 def _has_role(workers: list[Worker], role: str) -> bool:
@@ -87,7 +93,7 @@ def _has_role(workers: list[Worker], role: str) -> bool:
 
 def _available(key: str, workers: list[Worker]) -> int:
     """A pool's weight: its available workers; a disaggregated pool's, its available pairs."""
-    if not key.startswith("pd-"):
+    if not disaggregated(key):
         return sum(w.available for w in workers)
     return min(sum(w.available for w in workers if w.role == role) for role in ("prefill", "decode"))
 
@@ -143,7 +149,7 @@ class Router:
     def connector_key(self, worker: Worker) -> str:
         if worker.external:
             return worker.runtime or ""
-        return pool_key(worker) or worker.connection
+        return pool_key(worker, self.config.epd) or worker.connection
 
     def _connector_of(self, worker: Worker) -> Connector | None:
         return self._connectors.get(self.connector_key(worker))
@@ -248,7 +254,10 @@ class Router:
         for key, workers in groups.items():
             connector = self._connectors.get(key)
             if connector is not None and not connector.ready(workers):
-                return f"{key} workers not ready (a model's tokenizer is still loading or failed)"
+                return (
+                    f"{key} workers not ready (a model's tokenizer is still loading or failed, or a role of a "
+                    "disaggregated pool has no healthy worker)"
+                )
         return None
 
     def connector(self, key: str) -> Connector | None:
@@ -288,7 +297,7 @@ class Router:
             raise ApiError(501, "Messages API not yet implemented for this router", code="not_implemented")
         pools: dict[str, list[Worker]] = {}
         for worker in serving:
-            key = pool_key(worker)
+            key = pool_key(worker, self.config.epd)
             if key is not None and key in self._connectors:
                 pools.setdefault(key, []).append(worker)
         if not pools:
@@ -296,7 +305,7 @@ class Router:
         counting = call.endpoint == "count_tokens"
         if counting:
             # A disaggregated pool answers count_tokens with its prefill workers alone.
-            pools = {k: ws for k, ws in pools.items() if not k.startswith("pd-") or _has_role(ws, "prefill")}
+            pools = {k: ws for k, ws in pools.items() if not disaggregated(k) or _has_role(ws, "prefill")}
         if len(pools) == 1:
             return next(iter(pools.items()))
         answers_itself = counting or getattr(call.request, "max_tokens", None) == 0
@@ -335,13 +344,14 @@ class Router:
             retry=self.config.retry,
             on_idle=self._release,
             empty=empty,
+            endpoint=call.endpoint,
         )
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
-        if not key.startswith("pd-"):
+        if not disaggregated(key):
             dispatch = self._dispatch(key, connector.name, call, workers)
         elif call.endpoint == "count_tokens":
             dispatch = self._dispatch(key, connector.name, call, workers, "prefill")

@@ -1,9 +1,11 @@
 """The Sanic application: routes, per-request context (id, headers, clock), CORS, and the
-lifecycle of the router and the journal writer."""
+lifecycle of the router, the journal writer, the metrics listener and the trace exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -12,13 +14,16 @@ from sanic.exceptions import SanicException
 from sanic.response import HTTPResponse
 from sanic.response import json as json_response
 
+from smg.admission import Gates, build_admission
 from smg.backends.base import Endpoint
 from smg.config import GatewayConfig
+from smg.observability import metrics, tracing
+from smg.observability.metrics import MetricsServer
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.routing.router import Router, WorkerSpec
 from smg.server import messages, tokenizers, workers
-from smg.server.auth import check_bearer
+from smg.server.auth import caller, check_admin
 from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
 from smg.server.request_id import resolve_request_ids
@@ -69,12 +74,36 @@ def _to_http(whole: Whole) -> HTTPResponse:
     return HTTPResponse(whole.body, status=whole.status, headers=headers, content_type=content_type)
 
 
+_PATTERNS: dict[str, str] = {}
+_PARAM = re.compile(r"<(\w+)(?::[^>]*)?>")
+
+
+def _metric_path(request: Any) -> str:
+    """The `path` label: the route's own path, its pattern (`/workers/{worker_id}`) when it has
+    parameters, `other` for no route at all (clients must not be able to mint label values)."""
+    route = request.route
+    if route is None:
+        return "other"
+    if not route.params:
+        return str(request.path)
+    raw = str(route.path)
+    pattern = _PATTERNS.get(raw)
+    if pattern is None:
+        pattern = _PATTERNS[raw] = "/" + _PARAM.sub(r"{\1}", raw).lstrip("/")
+    return pattern
+
+
 def _is_preflight(request: Any) -> bool:
     return request.method == "OPTIONS" and "access-control-request-method" in request.ctx.headers
 
 
 def build_app(
-    config: GatewayConfig, router: Router, journal: Any, static: list[WorkerSpec], name: str = "smg"
+    config: GatewayConfig,
+    router: Router,
+    journal: Any,
+    static: list[WorkerSpec],
+    name: str = "smg",
+    admission: Gates | None = None,
 ) -> Sanic[Any, Any]:
     # configure_logging=False: the CLI configures logging once; Sanic would print every line twice.
     app: Sanic[Any, Any] = Sanic(name, configure_logging=False)
@@ -84,23 +113,56 @@ def build_app(
     app.config.KEEP_ALIVE_TIMEOUT = 75
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
+    admission = admission or build_admission(config.api_key)
     app.ctx.gateway = Gateway(
-        config=config, router=router, journal=journal, cors=CorsPolicy(config.cors_allowed_origins)
+        config=config,
+        router=router,
+        journal=journal,
+        cors=CorsPolicy(config.cors_allowed_origins),
+        admission=admission,
     )
+
+    observability = config.observability
+    metrics_server: list[MetricsServer] = []
+    if observability.prometheus_port is not None:
+        meter = metrics.install(observability.buckets())
+        meter.state.workers = router.registry.all
+        meter.state.journal = lambda: journal.stats
+        metrics_server.append(MetricsServer(meter, observability.prometheus_host, observability.prometheus_port))
+
+        @app.signal("http.lifecycle.begin")
+        async def _connection_opened(conn_info: Any) -> None:
+            meter.http_connections.inc()
+
+        @app.signal("http.lifecycle.complete")
+        async def _connection_closed(conn_info: Any) -> None:
+            meter.http_connections.dec()
 
     @app.before_server_start
     async def _start(app: Sanic[Any, Any]) -> None:
+        if observability.enable_trace:
+            tracing.install(observability.otlp_traces_endpoint)
+        for server in metrics_server:
+            await server.start()
         await journal.start()
         await router.start(static)
 
     @app.after_server_stop
     async def _stop(app: Sanic[Any, Any]) -> None:
         await router.close()
+        admission.close()
         await journal.close()
+        for server in metrics_server:
+            await server.close()
+        if tracing.enabled():
+            await asyncio.to_thread(tracing.shutdown)  # exports what is still buffered
 
     @app.on_request
     async def _context(request: Any) -> HTTPResponse | None:
         _ensure_context(request)
+        m = metrics.current
+        if m is not None:
+            m.http_requests.labels(request.method, _metric_path(request)).inc()
         if _is_preflight(request):
             return HTTPResponse(status=204)
         return None
@@ -114,6 +176,12 @@ def build_app(
         gateway: Gateway = request.app.ctx.gateway
         for key, value in gateway.cors.response_headers(request.ctx.headers, _is_preflight(request)).items():
             response.headers[key] = value
+        m = metrics.current
+        if m is not None and not getattr(request.ctx, "observed", False):
+            # Whole responses only: a Messages handler counts its own when it ends.
+            path = _metric_path(request)
+            m.http_responses.labels(path, str(response.status), getattr(request.ctx, "error_code", None) or "").inc()
+            m.http_duration.labels(request.method, path).observe(time.perf_counter() - request.ctx.t0)
 
     async def _endpoint(request: Any, endpoint: Endpoint) -> HTTPResponse | None:
         if request.method != "POST":
@@ -141,14 +209,23 @@ def build_app(
         return _to_http(await messages.refuse(request, missing))
 
     def _refused(request: Any) -> HTTPResponse | None:
-        """The 401 for a protected route without the gateway key (Messages envelope for SDKs)."""
+        """The 401 for a serving route without a gateway key (Messages envelope for SDKs)."""
         try:
-            check_bearer(request.app.ctx.gateway.config.api_key, request.ctx.headers)
+            caller(request.app.ctx.gateway, request.ctx.headers, request.ip or None)
+        except ApiError as err:
+            return _api_error(request, err)
+        return None
+
+    def _refused_admin(request: Any) -> HTTPResponse | None:
+        """The 401 for an admin route without the shared key (a tenant key does not open it)."""
+        try:
+            check_admin(request.app.ctx.gateway, request.ctx.headers)
         except ApiError as err:
             return _api_error(request, err)
         return None
 
     def _api_error(request: Any, err: ApiError) -> HTTPResponse:
+        request.ctx.error_code = err.code
         if "anthropic-version" in request.ctx.headers:
             return _to_http(error_response(request.ctx.request_id, messages.error_event(err)))
         body = {"error": {"type": err.type, "message": err.message}}
@@ -176,14 +253,14 @@ def build_app(
 
     @app.route("/v1/tokenizers", methods=["GET", "POST"], name="tokenizers")
     async def _tokenizers(request: Any) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         return await (tokenizers.register(request) if request.method == "POST" else tokenizers.list_all(request))
 
     @app.route("/v1/tokenizers/<key:path>", methods=["GET", "DELETE"], name="tokenizer")
     async def _tokenizer(request: Any, key: str) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         if request.method == "DELETE":
@@ -192,14 +269,14 @@ def build_app(
 
     @app.route("/workers", methods=["GET", "POST"], name="workers")
     async def _workers(request: Any) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         return await (workers.add(request) if request.method == "POST" else workers.list_all(request))
 
     @app.route("/workers/<worker_id>", methods=["GET", "DELETE"], name="worker")
     async def _worker(request: Any, worker_id: str) -> HTTPResponse:
-        refused = _refused(request)
+        refused = _refused_admin(request)
         if refused is not None:
             return refused
         if request.method == "DELETE":

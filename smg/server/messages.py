@@ -16,14 +16,17 @@ from typing import Any
 
 from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
 from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
+from smg.admission import Refused
 from smg.backends.base import Call, Endpoint
 from smg.flow import Flow
+from smg.observability import logs, metrics, tracing
 from smg.projection import Projection, Whole, error_response
 from smg.protocol import codec
 from smg.protocol.errors import ApiError, invalid_request
 from smg.protocol.parse import parse_count_tokens, parse_create_message
 from smg.protocol.usage import UsageReader
-from smg.server.auth import check_bearer, tenant_of
+from smg.server.auth import caller, tenant_of
+from smg.server.observe import RequestObserver, start_trace
 from smg.server.responder import Responder
 from smg.server.state import Gateway
 
@@ -41,9 +44,16 @@ def _check_content_type(headers: dict[str, str]) -> None:
         )
 
 
-def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: bytes, request_id: str) -> Call:
-    """Everything a request must pass before a backend sees it. Raises `ApiError`."""
-    check_bearer(gateway.config.api_key, headers)
+def admit(
+    gateway: Gateway,
+    endpoint: Endpoint,
+    headers: dict[str, str],
+    body: bytes,
+    request_id: str,
+    client_ip: str | None = None,
+) -> Call:
+    """Everything a request must pass before the gates and the router see it. Raises `ApiError`."""
+    tenant = caller(gateway, headers, client_ip).tenant
     _check_content_type(headers)
     try:
         data = codec.loads(body)
@@ -66,6 +76,7 @@ def admit(gateway: Gateway, endpoint: Endpoint, headers: dict[str, str], body: b
         headers=headers,
         raw=body,
         alias_used=model != request.model,
+        tenant=tenant,
     )
 
 
@@ -84,13 +95,13 @@ def _summary(call: Call) -> dict[str, Any]:
 
 def _authorized(gateway: Gateway, headers: dict[str, str]) -> bool:
     try:
-        check_bearer(gateway.config.api_key, headers)
+        caller(gateway, headers, None)
     except ApiError:
         return False
     return True
 
 
-def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
+def _received(request: Any, gateway: Gateway, body: bytes, trace_id: str | None = None) -> Received:
     """The first event of every request (the journal redacts its secrets as it queues it).
 
     A request without the gateway key is journaled without its body and with only a few
@@ -109,9 +120,18 @@ def _received(request: Any, gateway: Gateway, body: bytes) -> Received:
         headers=headers,
         body=body.decode("utf-8", errors="replace") if body else None,
         client=request.ip or None,
-        tenant=tenant_of(gateway.config.api_key, headers, request.ip),
+        tenant=tenant_of(gateway, headers, request.ip or None),
         ts=time.time(),
+        trace_id=trace_id if trace_id is not None else tracing.client_trace_id(request.ctx.headers),
     )
+
+
+def _observer(request: Any, endpoint: Endpoint, received: Received) -> RequestObserver | None:
+    """The request's metrics, trace and access line, when any of them is on."""
+    trace = start_trace(request.method, request.path, request.ctx.headers, request.ctx.t0, received.request_id)
+    if trace is None and metrics.current is None and logs.ACCESS.disabled:
+        return None
+    return RequestObserver(request.method, request.path, endpoint, received.tenant, trace)
 
 
 async def serve(request: Any, endpoint: Endpoint) -> None:
@@ -122,28 +142,46 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
     responder = Responder(request)
     projection = Projection(rid)
     body: bytes = request.body or b""
-    await flow.emit(_received(request, gateway, body))
+    request.ctx.observed = True  # this handler counts its own response (it may be a stream)
+    received = _received(request, gateway, body)
+    observer = _observer(request, endpoint, received)
+    if observer is not None and observer.trace is not None:
+        received.trace_id = observer.trace.trace_id
+    await flow.emit(received)
     disconnected = False
     stage = "admission"
+    code: str | None = None
     outcome = UsageReader()
     try:
         try:
-            call = admit(gateway, endpoint, headers, body, rid)
-            await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
+            call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
+            validated = await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
+            if observer is not None:
+                observer.validated, observer.model, observer.stream = validated.t, call.model, call.stream
+                if observer.trace is not None:
+                    # The worker continues the gateway's span, not the client's.
+                    call.headers = {**call.headers, **observer.trace.propagation_headers()}
             projection.stream = call.stream
             stage = "backend"
             # aclosing: a client that goes away closes the upstream at once, not at GC time.
-            async with aclosing(gateway.router.handle(call)) as events:
+            async with aclosing(gateway.handle(call)) as events:
                 async for event in events:
                     await flow.emit(event)
                     _observe(outcome, event)
+                    if observer is not None:
+                        observer.see(event)
                     await responder.run(projection.feed(event))
             await responder.run(projection.finish())
             if projection.relayed_error is not None:  # what the client was told, for the summary row
+                code = projection.relayed_error.code
                 await flow.emit(projection.relayed_error)
             if not responder.responded:
                 raise ApiError(502, "The worker closed the request without answering", code="no_response_produced")
+        except Refused as err:  # a gate's answer, whatever stage the request had reached
+            code = err.code
+            await _fail(flow, projection, responder, err, "admission")
         except ApiError as err:
+            code = err.code
             await _fail(flow, projection, responder, err, stage)
         except asyncio.CancelledError:
             raise
@@ -152,21 +190,31 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             internal = ApiError(
                 500, "Internal gateway error; the request id identifies it in the journal", code="internal_error"
             )
+            code = internal.code
             await _fail(flow, projection, responder, internal, stage)
     except asyncio.CancelledError:
         disconnected = True
         raise
     finally:
-        await flow.emit(
-            Completed(
-                status=responder.status or 499,
-                duration_ms=round(flow.elapsed() * 1000, 3),
-                bytes_sent=responder.bytes_sent,
-                disconnected=disconnected,
-                usage=outcome.final_usage() or None,
-                stop_reason=outcome.stop_reason,
-            )
+        completed = Completed(
+            status=responder.status or 499,
+            duration_ms=round(flow.elapsed() * 1000, 3),
+            bytes_sent=responder.bytes_sent,
+            disconnected=disconnected,
+            usage=outcome.final_usage() or None,
+            stop_reason=outcome.stop_reason,
         )
+        await flow.emit(completed)
+        if observer is not None:
+            # As the reference counts it: a client gone first is 499 whatever the head said.
+            observer.finish(
+                request_id=received.request_id,
+                status=499 if disconnected else completed.status,
+                code="client_closed_request" if disconnected else code,
+                duration=completed.t,
+                usage=completed.usage,
+                disconnected=disconnected,
+            )
 
 
 def _observe(outcome: UsageReader, event: object) -> None:
@@ -211,6 +259,7 @@ async def refuse(request: Any, err: ApiError) -> Whole:
     returned response."""
     gateway: Gateway = request.app.ctx.gateway
     rid: str = request.ctx.request_id
+    request.ctx.error_code = err.code  # for the metrics of the response the caller sends
     flow = Flow(request.ctx.journal_id, gateway.journal, t0=request.ctx.t0)
     await flow.emit(_received(request, gateway, b""))
     await flow.emit(_rejected(err))

@@ -17,12 +17,15 @@ from smg.protocol import codec
 
 
 def _registry(request: Any) -> TokenizerRegistry | None:
-    return getattr(request.app.ctx.gateway.router.connector("grpc"), "tokenizers", None)
+    router = request.app.ctx.gateway.router
+    # gRPC and ZMQ connectors share one registry.
+    connector = router.connector("grpc") or router.connector("zmq")
+    return getattr(connector, "tokenizers", None)
 
 
 def _no_registry() -> HTTPResponse:
     return json_response(
-        {"error": {"type": "not_found", "message": "This backend keeps no tokenizers (only gRPC workers do)"}},
+        {"error": {"type": "not_found", "message": "This backend keeps no tokenizers (only gRPC and ZMQ workers do)"}},
         status=404,
     )
 

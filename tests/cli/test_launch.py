@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 from smg.cli.main import app, expand_multi_values
 
 runner = CliRunner()
+EXAMPLE_LIMITS = Path(__file__).resolve().parents[1] / "admission" / "limits-example.yaml"
 
 
 def test_multi_value_flags_take_several_values_after_one_flag() -> None:
@@ -33,22 +35,69 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--worker-urls", "http://127.0.0.1:1", "--pd-disaggregation"], "not supported by this gateway yet"),
+        (["--worker-urls", "http://127.0.0.1:1", "--pd-disaggregation"], "needs at least one --prefill URL"),
+        (["--epd-disaggregation", "--prefill", "grpc://a:1", "--decode", "grpc://b:1"], "at least one --encode"),
+        (["--pd-disaggregation", "--encode", "grpc://e:1", "--prefill", "grpc://a:1", "--decode", "grpc://b:1"],
+         "--encode needs --epd-disaggregation"),
+        (["--pd-disaggregation", "--epd-disaggregation", "--prefill", "grpc://a:1", "--decode", "grpc://b:1"],
+         "two modes"),
+        (["--pd-disaggregation", "--prefill", "grpc://a:1", "--decode", "http://b:1"], "use one connection"),
+        (["--epd-disaggregation", "--encode", "http://e:1", "--prefill", "http://a:1", "--decode", "http://b:1"],
+         "grpc:// workers (TokenSpeed) only"),
+        (["--epd-disaggregation", "--backend", "sglang", "--encode", "grpc://e:1", "--prefill", "grpc://a:1",
+          "--decode", "grpc://b:1"], "serves TokenSpeed workers"),
+        (["--epd-disaggregation", "--encode", "grpc://e:1 x", "--prefill", "grpc://a:1", "--decode", "grpc://b:1"],
+         "--encode takes URL [BOOTSTRAP_PORT]"),
         (["--worker-urls", "http://127.0.0.1:1", "--policy", "bogus"], "--policy must be one of"),
         (["--worker-urls", "http://127.0.0.1:1", "--no-such-flag"], "no such option: --no-such-flag"),
         ([], "--worker-urls is required"),
         (["--worker-urls", "grpc://127.0.0.1:1", "--backend", "anthropic"], "cannot serve grpc:// workers"),
         (["--worker-urls", "grpc://127.0.0.1:1", "--chat-template", "/nonexistent.jinja"], "no such file"),
         (["--worker-urls", "grpc://127.0.0.1:1", "--worker-urls", "http://127.0.0.1:2"], "needs IGW mode"),
-        (["--worker-urls", "ipc:///tmp/x"], "ipc:// (ZMQ) workers are not supported by this gateway yet"),
+        (["--worker-urls", "ipc:///tmp/x"], "ipc:// (ZMQ) workers need --backend vllm or tokenspeed"),
+        (["--worker-urls", "ipc:///tmp/x", "--backend", "vllm"], "need --model-path"),
+        (["--worker-urls", "ipc:///tmp/x", "--backend", "sglang", "--model-path", "m"], "cannot serve ipc://"),
+        (
+            ["--worker-urls", "ipc:///tmp/x", "--backend", "vllm", "--model-path", "m", "--zmq-engine-count", "0"],
+            "--zmq-engine-count must be at least 1",
+        ),
+        (["--worker-urls", "ipc:///tmp/x", "--worker-urls", "grpc://127.0.0.1:1", "--backend", "vllm",
+          "--model-path", "m"], "needs IGW mode"),
         (["--worker-urls", "ftp://x"], "unsupported worker URL scheme"),
         (["--worker-urls", "http://127.0.0.1:1", "--model-alias", "nope"], "ALIAS=CANONICAL"),
         (["--worker-urls", "http://127.0.0.1:1", "--backend", "bogus"], "unknown --backend"),
         (["--worker-urls", "http://127.0.0.1:1", "--log-level", "loud"], "--log-level"),
+        (["--worker-urls", "http://127.0.0.1:1", "--rate-limit-tokens-per-second", "5"], "refilling admission"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-api-key", "nocolon"], "expected TENANT:KEY"),
+        (["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled"], "needs --tenant-rate-limit-config"),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--tenant-rate-limit-enabled", "--tenant-rate-limit-config", "/no"],
+            "reading /no",
+        ),
+        (
+            [
+                "--worker-urls",
+                "http://127.0.0.1:1",
+                "--tenant-rate-limit-enabled",
+                "--tenant-rate-limit-config",
+                str(EXAMPLE_LIMITS),
+                "--tenant-rate-limit-state",
+                "/no/such/dir/state.db",
+            ],
+            "unable to open",
+        ),
+        (
+            ["--worker-urls", "http://127.0.0.1:1", "--max-concurrent-requests", "2", "--queue-timeout-secs", "0"],
+            "--queue-timeout-secs must be > 0",
+        ),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "1", "x"], "takes numbers"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "2", "1"], "increasing"),
+        (["--worker-urls", "http://127.0.0.1:1", "--prometheus-port", "70000"], "--prometheus-port must be"),
+        (["--worker-urls", "http://127.0.0.1:1", "--enable-trace", "--otlp-traces-endpoint", "nohost"], "HOST:PORT"),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
-    result = runner.invoke(app, ["launch", *args])
+    result = runner.invoke(app, expand_multi_values(["launch", *args]))  # as `smg` itself parses argv
     assert result.exit_code != 0
     assert needle in result.output
 

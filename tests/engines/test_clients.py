@@ -319,7 +319,7 @@ async def test_closing_the_stream_early_cancels_the_rpc(engine: EngineUnderTest,
     assert isinstance(first, EngineChunk) and first.token_ids == [10]
     assert isinstance(stream, AsyncGenerator)
     await stream.aclose()
-    for _ in range(500):  # the engine learns of the cancellation asynchronously
+    for _ in range(1500):  # the engine learns of the cancellation asynchronously (slowly on a busy machine)
         if engine.control.cancelled():
             break
         await asyncio.sleep(0.02)

@@ -132,7 +132,6 @@ STRING_COLUMNS = {
     "type": "error_type",
     "stop": "stop_reason",
     "client_id": "client_id",
-    "trace": "trace_id",
     "user": "user_id",
     "session": "session_id",
     "key": "key_fp",
@@ -189,6 +188,8 @@ def term_matches(row: Row, field: str, op: str, value: str) -> bool:
             return False
         hit = glob_matches(value, actual) if "*" in value else actual == value
         return hit if op == "=" else not hit
+    if field == "trace":  # the indexed column, filled from the `received` event's trace id
+        return v.get("trace_id") is not None and v["trace_id"] == value.lower()
     if field == "id":  # the gateway's id or the client's
         ids = [i for i in (v["id"], v.get("client_id")) if i is not None]
         return any(glob_matches(value, i) if "*" in value else i.startswith(value) for i in ids)
@@ -344,9 +345,9 @@ STATUSES = [None, 200, 400, 404, 429, 499, 500, 503, 529]
 DURATIONS = [None, 0.0, 0.5, 999.0, 1000.0, 1500.0, 2000.0, 60000.0, 90000.0]
 TOKENS = [None, 0, 1, 999, 1000, 1500, 12000]
 AGES = [None, 10.0, 100.0, 1000.0, 3600.0, 86400.0, 100000.0]
+TRACES = ["4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"]
 KINDS = ["received", "upstream", "block", "error", "rejected", "tokens", "validated"]
 
-TRACES = ["0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736"]
 maybe_word = st.one_of(st.none(), st.sampled_from(WORDS))
 
 
@@ -391,7 +392,12 @@ def rows(draw: st.DrawFn) -> list[Row]:
         events = [
             (
                 draw(st.sampled_from(KINDS)),
-                orjson.dumps({"text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=3)))}).decode(),
+                orjson.dumps(
+                    {
+                        "text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=3))),
+                        "trace_id": draw(st.sampled_from([None, *TRACES])),
+                    }
+                ).decode(),
             )
             for _ in range(draw(st.integers(0, 3)))
         ]
@@ -414,8 +420,8 @@ def term(draw: st.DrawFn) -> Term:
     alts = []
     for i in range(n):
         op = ""
-        if field in ("trace", "key"):
-            value = draw(st.sampled_from(["0af7651916cd43dd8448eb211c80319c", "0af7*", "*d12", "a1b2c3d4e5f6"]))
+        if field == "key":
+            value = draw(st.sampled_from(["0f2c10bf3d12", "0f2c*", "*d12", "a1b2c3d4e5f6"]))
             op = draw(st.sampled_from(["", "=", "!="]))
         elif field in STRING_COLUMNS:
             value = draw(st.one_of(st.sampled_from(WORDS), glob()))
@@ -439,6 +445,8 @@ def term(draw: st.DrawFn) -> Term:
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field == "has":
             value = draw(st.sampled_from(["tool_use", "thinking", "error", "hung_up", "cut"]))
+        elif field == "trace":
+            value = draw(st.sampled_from([*TRACES, TRACES[0].upper()]))
         elif field in ("stream", "replay", "hung_up", "cut"):
             value = draw(st.sampled_from(["yes", "no", "true", "false"]))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from journal.events import (
+    Admission,
     Block,
     Completed,
     Counted,
@@ -19,6 +20,7 @@ from journal.events import (
     Rejected,
     Rendered,
     Routed,
+    Settled,
     StreamOpened,
     Tokens,
     Upstream,
@@ -172,6 +174,8 @@ def test_describe_every_kind() -> None:
         ModelResult(round=2, status=200, stop_reason="tool_use", usage={"input_tokens": 3}, tool_uses=["a", "b"]),
         McpCall(round=2, server="s", tool="a", id="mcptoolu_1", input={"q": "x" * 300}, allowed=False),
         McpResult(round=2, server="s", tool="a", id="mcptoolu_1", is_error=True, content="no\n" * 100),
+        Admission(gate="concurrency", decision="queue_timeout", queued_ms=1000.0, tenant="auth:t"),
+        Settled(tenant="auth:t", reserved_tokens=5, input_tokens=5, output_tokens=9, delta=9),
         Counted(input_tokens=5),
     ]
     assert sorted({e.kind for e in samples}) == event_kinds()

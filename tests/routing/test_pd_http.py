@@ -61,7 +61,7 @@ def test_both_legs_get_the_request_with_one_bootstrap_room_and_the_client_gets_d
     assert first["json"]["bootstrap_port"] == 8998
     events = wait_for_events(legs["journal"], reply.headers["x-request-id"])
     parts = [e.part for e in events if isinstance(e, Upstream)]
-    assert parts == ["head", "body", "prefill:head", "prefill:body"]
+    assert parts == ["prefill:head", "prefill:body", "head", "body"]
     assert [e.worker for e in events if isinstance(e, Routed)] == list(legs["urls"])
 
 

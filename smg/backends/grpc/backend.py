@@ -1,4 +1,4 @@
-"""The gRPC connector: the gateway implements the Messages API itself.
+"""The engine connector: the gateway implements the Messages API itself, over gRPC or ZMQ.
 
 For each request (the router has checked that the model is served): its tokenizer ready (the
 registry's three refusals), the conversation rendered and tokenized; count_tokens and
@@ -7,6 +7,9 @@ router's choice) has the prompt checked against its context window, and the engi
 stream is run through the sans-IO `Generation`, yielding `rendered`, `tokens` and `block`
 events. A client that goes away mid-generation has its engine request aborted. An engine's
 runtime is `--backend`'s, else detected from which protocol it answers.
+
+One class serves every engine wire: it is built with a client factory (`grpc_clients`, or the
+ZMQ one in `smg.backends.zmq.connector`) and a name, the journal's backend name.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import asyncio
 import logging
 import secrets
 import string
-from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
@@ -32,11 +35,11 @@ from smg.backends.grpc.request import (
     sampling_defaults,
     stop_token_map,
 )
-from smg.backends.grpc.types import EngineChunk, EngineDone, EngineError
+from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, EngineError, EngineEvent, GenerateCall
 from smg.config import GatewayConfig
 from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
-from smg.pipeline.output import apply_plan, build_stages, plan_output
+from smg.pipeline.output import OutputPlan, apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
@@ -62,6 +65,37 @@ def context_exceeded(limit: int, tokens: int) -> ApiError:
     )
 
 
+def error_event(err: ApiError, stage: str = "engine") -> Error:
+    """A failure after the request reached an engine, as the journal and the client get it."""
+    return Error(
+        stage=stage,
+        status=err.status,
+        error_type=err.type,
+        message=err.message,
+        code=err.code,
+        headers=err.response_headers(),
+    )
+
+
+@dataclass
+class Prepared:
+    """What every attempt of one generation shares: the request, its rendered prompt and the
+    output plan; `generation` is built at the first attempt and kept across retries."""
+
+    call: Call
+    tokenizer: Tokenizer
+    prompt: Prompt
+    message_id: str
+    source: str | None
+    settings: GenerationSettings
+    plan: OutputPlan
+    stop_ids: dict[int, str]
+    generation: Generation | None = None
+
+
+GenerateStrategy = Callable[[Prepared, Attempts], AsyncGenerator[Event, None]]
+
+
 def settings_record(settings: GenerationSettings) -> dict[str, Any]:
     """The settings as the journal keeps them (JSON object keys are strings)."""
     record = asdict(settings)
@@ -69,12 +103,40 @@ def settings_record(settings: GenerationSettings) -> dict[str, Any]:
     return record
 
 
-class GrpcConnector:
-    """Serves Messages and count_tokens from gRPC inference engines."""
+# A worker's engine runtime and its protocol client; raises `WorkerUnreachable`.
+ClientFactory = Callable[[Target], Awaitable[tuple[str, EngineClient]]]
 
-    name = "grpc"
 
-    def __init__(self, config: GatewayConfig, tokenizers: TokenizerRegistry | None = None) -> None:
+async def grpc_clients(target: Target) -> tuple[str, EngineClient]:
+    """A gRPC engine's client, its runtime `--backend`'s or detected from what it answers."""
+    address = strip_scheme(target.url)
+    runtime = target.runtime
+    if runtime is None:
+        try:
+            runtime = await detect_runtime(address)
+        except EngineError as exc:
+            raise WorkerUnreachable(f"runtime detection failed: {exc.message or exc.code}") from None
+        log.info("worker %s speaks the %s engine protocol", target.url, runtime)
+    return runtime, connect(runtime, address)
+
+
+class EngineConnector:
+    """Serves Messages and count_tokens from inference engines (gRPC, ZMQ)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        tokenizers: TokenizerRegistry | None = None,
+        *,
+        name: str = "grpc",
+        clients: ClientFactory = grpc_clients,
+        live_loads: bool = False,
+    ) -> None:
+        self.name = name
+        # The client's `loads` is local knowledge of whether its engine is alive (ZMQ): an
+        # UNAVAILABLE there takes the worker out at once.
+        self._live_loads = live_loads
+        self._clients = clients
         self._config = config
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self._engines: dict[str, EngineWorker] = {}
@@ -95,17 +157,12 @@ class GrpcConnector:
     async def _engine(self, target: Target) -> EngineWorker:
         engine = self._engines.get(target.id)
         if engine is None:
-            address = strip_scheme(target.url)
-            runtime = target.runtime
-            if runtime is None:
-                try:
-                    runtime = await detect_runtime(address)
-                except EngineError as exc:
-                    raise WorkerUnreachable(f"runtime detection failed: {exc.message or exc.code}") from None
-                log.info("worker %s speaks the %s engine protocol", target.url, runtime)
-            engine = self._engines[target.id] = EngineWorker(
-                url=target.url, client=connect(runtime, address), runtime=runtime
-            )
+            runtime, client = await self._clients(target)
+            engine = self._engines.get(target.id)  # another task may have made it meanwhile
+            if engine is not None:
+                await client.close()
+                return engine
+            engine = self._engines[target.id] = EngineWorker(url=target.url, client=client, runtime=runtime)
         return engine
 
     async def discover(self, target: Target) -> Discovery:
@@ -140,7 +197,9 @@ class GrpcConnector:
             return None
         try:
             loads = await engine.client.loads()
-        except EngineError:
+        except EngineError as exc:
+            if self._live_loads and exc.unavailable:
+                raise WorkerUnreachable(exc.message) from None
             return None
         return None if loads is None else loads.running_requests + loads.waiting_requests
 
@@ -161,6 +220,15 @@ class GrpcConnector:
     # requests
 
     async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
+        async for event in self.serve(call, pool, attempts, self._generate):
+            yield event
+
+    async def serve(
+        self, call: Call, pool: Sequence[Target], attempts: Attempts, generate: GenerateStrategy
+    ) -> AsyncGenerator[Event, None]:
+        """The request up to its first engine call: refusals, the rendered prompt, count_tokens
+        and `max_tokens: 0` answered here; a generation is handed to `generate` (this
+        connector's own attempt loop, or a disaggregated deployment's)."""
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
         tokenizer = self.tokenizers.get(call.model)
@@ -199,12 +267,12 @@ class GrpcConnector:
                 yield Block(payload)
             return
 
-        async for event in self._generate(call, tokenizer, prompt, message_id, source, attempts):
+        async for event in generate(self._prepare(call, tokenizer, prompt, message_id, source), attempts):
             yield event
 
-    async def _generate(
-        self, call: Call, tokenizer: Tokenizer, prompt: Prompt, message_id: str, source: str | None, attempts: Attempts
-    ) -> AsyncGenerator[Event, None]:
+    def _prepare(
+        self, call: Call, tokenizer: Tokenizer, prompt: Prompt, message_id: str, source: str | None
+    ) -> Prepared:
         request = call.request
         stops = list(request.stop_sequences or [])
         stop_ids = stop_token_map(tokenizer, stops)
@@ -224,48 +292,75 @@ class GrpcConnector:
             reasoning_parser=self._config.reasoning_parser,
         )
         apply_plan(settings, plan, prompt.tools)
-        generation: Generation | None = None
+        return Prepared(call, tokenizer, prompt, message_id, source, settings, plan, stop_ids)
+
+    def check_window(self, prepared: Prepared, worker: Target) -> None:
+        """The prompt fits the worker's context window (when it advertises one)."""
+        window = worker.context_windows.get(prepared.call.model)
+        if window is not None and len(prepared.prompt.ids) > window:
+            raise context_exceeded(window, len(prepared.prompt.ids))
+
+    def engine_call(self, prepared: Prepared, engine: EngineWorker, request_id: str) -> GenerateCall:
+        """The engine call for one attempt on `engine`. Raises `ApiError` for what its runtime
+        cannot serve."""
+        plan = prepared.plan
+        if plan.constraint is not None and engine.runtime == "mlx":
+            raise ApiError(
+                400,
+                "Invalid request parameters: MLX backend does not support structured output constraint: "
+                f"{plan.constraint[0]}",
+                code="invalid_request_parameters",
+            )
+        engine_call = generate_call(
+            prepared.call.request,
+            prepared.prompt,
+            request_id=request_id,
+            runtime=engine.runtime,
+            stop_ids=prepared.stop_ids,
+            defaults=engine.sampling_defaults,
+            stream=prepared.call.stream,
+            constraint=plan.constraint,
+        )
+        # An engine without a tokenizer (ZMQ) is told where to stop.
+        engine_call.eos_token_ids = list(prepared.tokenizer.eos_token_ids)
+        return engine_call
+
+    def begin(self, prepared: Prepared, engine: EngineWorker, engine_call: GenerateCall) -> tuple[list[Event], Attempt]:
+        """An attempt's state, and the `rendered` event before the first attempt's answers (the
+        first engine's eos ids join the tokenizer's)."""
+        events: list[Event] = []
+        if prepared.generation is None:
+            settings, plan = prepared.settings, prepared.plan
+            eos = engine.info.eos_token_ids if engine.info else []
+            settings.eos_token_ids = sorted(set(eos) | set(prepared.tokenizer.eos_token_ids))
+            constraint = {"type": plan.constraint[0], "value": plan.constraint[1]} if plan.constraint else None
+            events.append(
+                Rendered(
+                    prompt_tokens=len(prepared.prompt.ids),
+                    prompt_digest=prepared.prompt.digest,
+                    stop_ids=engine_call.stop_token_ids,
+                    constraint=constraint,
+                    tokenizer=prepared.source,
+                    settings=settings_record(settings),
+                )
+            )
+            prepared.generation = Generation(prepared.tokenizer, settings, build_stages(settings))
+        return events, Attempt(prepared.generation, len(prepared.prompt.ids))
+
+    async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
         async for lease in attempts:
             worker = lease.target
             engine = await self._engine(worker)
-            if plan.constraint is not None and engine.runtime == "mlx":
-                raise ApiError(
-                    400,
-                    "Invalid request parameters: MLX backend does not support structured output constraint: "
-                    f"{plan.constraint[0]}",
-                    code="invalid_request_parameters",
-                )
-            window = worker.context_windows.get(call.model)
-            if window is not None and len(prompt.ids) > window:
-                raise context_exceeded(window, len(prompt.ids))
+            self.check_window(prepared, worker)
+            message_id = prepared.message_id
             engine_request_id = message_id if lease.attempt == 1 else f"{message_id}-{lease.attempt}"
-            engine_call = generate_call(
-                request,
-                prompt,
-                request_id=engine_request_id,
-                runtime=engine.runtime,
-                stop_ids=stop_ids,
-                defaults=engine.sampling_defaults,
-                stream=call.stream,
-                constraint=plan.constraint,
-            )
+            engine_call = self.engine_call(prepared, engine, engine_request_id)
             yield lease.routed
-            if generation is None:
-                eos = engine.info.eos_token_ids if engine.info else []
-                settings.eos_token_ids = sorted(set(eos) | set(tokenizer.eos_token_ids))
-                constraint = {"type": plan.constraint[0], "value": plan.constraint[1]} if plan.constraint else None
-                yield Rendered(
-                    prompt_tokens=len(prompt.ids),
-                    prompt_digest=prompt.digest,
-                    stop_ids=engine_call.stop_token_ids,
-                    constraint=constraint,
-                    tokenizer=source,
-                    settings=settings_record(settings),
-                )
-                generation = Generation(tokenizer, settings, build_stages(settings))
-            attempt_state = Attempt(generation, len(prompt.ids))
+            events, attempt_state = self.begin(prepared, engine, engine_call)
+            for event in events:
+                yield event
             try:
-                async for event in self._run(engine, engine_call, attempt_state):
+                async for event in self.run(engine, engine_call, attempt_state):
                     yield event
             except EngineError as exc:
                 err = engine_failure(exc, started=attempt_state.started)
@@ -273,25 +368,34 @@ class GrpcConnector:
                     log.warning("worker %s unreachable (%s)", worker.url, exc.message)
                     lease.failed(Failure("unavailable", err))
                     continue
-                lease.answered(err.status)
-                yield Error(
-                    stage="engine",
-                    status=err.status,
-                    error_type=err.type,
-                    message=err.message,
-                    code=err.code,
-                    headers=err.response_headers(),
-                )
+                if exc.code == "UNAVAILABLE":
+                    # The engine went away mid-answer: the worker is down until a health check passes.
+                    lease.failed(Failure("unavailable", err, retryable=False))
+                else:
+                    lease.answered(err.status)
+                yield error_event(err)
                 return
             lease.answered(200)
             return
 
-    async def _run(self, engine: EngineWorker, engine_call: Any, attempt: Attempt) -> AsyncGenerator[Event, None]:
-        """One engine call, its answers handed to `attempt`. `message_start` waits for the
-        engine's first answer, so a refusal (a prompt the engine finds too long, bad
-        parameters) is an ordinary error response."""
+    async def engine_for(self, target: Target) -> EngineWorker:
+        """The worker's engine client (connected on first use, its runtime detected if unknown)."""
+        return await self._engine(target)
+
+    async def run(
+        self,
+        engine: EngineWorker,
+        engine_call: GenerateCall,
+        attempt: Attempt,
+        stream: AsyncIterator[EngineEvent] | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        """One engine call, its answers handed to `attempt` (`stream`: the call already
+        started). `message_start` waits for the engine's first answer, so a refusal (a prompt
+        the engine finds too long, bad parameters) is an ordinary error response. A call left
+        before the engine settled it is aborted."""
         client = engine.client
-        stream = client.generate(engine_call)
+        if stream is None:
+            stream = client.generate(engine_call)
         settled = False  # the engine finished the request or refused it: nothing to abort
         try:
             async for item in stream:
@@ -322,9 +426,9 @@ class GrpcConnector:
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
             if not settled:
-                self._abort(client, engine_call.request_id)
+                self.abort(client, engine_call.request_id)
 
-    def _abort(self, client: Any, request_id: str) -> None:
+    def abort(self, client: EngineClient, request_id: str) -> None:
         """Tell the engine to stop; the request is over for us whether or not it confirms."""
 
         async def abort() -> None:
@@ -336,3 +440,7 @@ class GrpcConnector:
         task = asyncio.get_running_loop().create_task(abort(), name=f"smg-abort-{request_id}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+# The name the gRPC path has always had.
+GrpcConnector = EngineConnector

@@ -14,6 +14,16 @@ from typing import Any, Protocol
 from smg.pipeline.constraints import ConstraintKind
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where a prefill/decode pair meets: the prefill worker's bootstrap server and the room
+    that names this request's KV handoff (the same on both legs)."""
+
+    host: str
+    port: int
+    room: int
+
+
 @dataclass
 class GenerateCall:
     """One generation: the prompt as token ids and the sampling settings already resolved
@@ -30,9 +40,14 @@ class GenerateCall:
     repetition_penalty: float | None = None
     stop: list[str] = field(default_factory=list)  # strings the engine matches itself (not SGLang)
     stop_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = field(default_factory=list)  # for engines without a tokenizer (ZMQ)
     constraint: tuple[ConstraintKind, str] | None = None
     stream: bool = True
     require_reasoning: bool = False
+    # Disaggregated serving: SGLang's `disaggregated_params`, TokenSpeed's `kv_bootstrap_info`.
+    bootstrap: Bootstrap | None = None
+    # vLLM's `kv_transfer_params_json`: a JSON object handed to the engine's KV connector verbatim.
+    kv_transfer_params: str | None = None
 
 
 @dataclass
@@ -57,6 +72,7 @@ class EngineDone:
     matched_token_id: int | None = None
     matched_stop_str: str | None = None
     cached_tokens: int = 0
+    kv_transfer_params: str | None = None  # vLLM: what a prefill leg returns for its decode leg
 
 
 EngineEvent = EngineChunk | EngineDone

@@ -4,7 +4,7 @@ Both legs get the same body: the client's request (canonical model id) plus SGLa
 fields — `bootstrap_host` (the prefill worker's host), `bootstrap_port` (its bootstrap port, or
 null), `bootstrap_room` (a random 63-bit integer shared by the two legs). The client gets the
 decode leg's answer, streamed or not, relayed as it arrives. The prefill leg's answer is
-journaled as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
+journaled first, as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
 leg fails, its status and error are the client's answer. count_tokens goes to one prefill
 worker, without bootstrap fields, like any relayed request.
 """
@@ -128,14 +128,14 @@ class HttpPdConnector:
                     yield event
                 return
             pair.answered(decode_response.status_code)
-            prefill_body = asyncio.ensure_future(self._read(prefill_response))
+            # The prefill leg ends before the decode leg's first token (the decode waits for its KV),
+            # so reading it first delays nothing, and its record is journaled before the answer
+            # leaves (a client that has its answer may hang up before anything after it is written).
             try:
-                async for event in self._relay.relay_response(call, decode, decode_response):
-                    yield event
+                raw = await self._read(prefill_response)
             except BaseException:
-                prefill_body.cancel()  # the client went away: nothing more to journal of the prefill leg
+                await decode_response.aclose()
                 raise
-            raw = await prefill_body
             yield Upstream(
                 part="prefill:head",
                 status=prefill_status,
@@ -144,6 +144,8 @@ class HttpPdConnector:
             )
             data, encoding = text_piece(raw)
             yield Upstream(part="prefill:body", data=data, encoding=encoding)
+            async for event in self._relay.relay_response(call, decode, decode_response):
+                yield event
             return
 
     async def _send(

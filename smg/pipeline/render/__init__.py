@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from smg.observability import tracing
 from smg.pipeline.render.convert import convert_messages, convert_tools
 from smg.pipeline.tokenizers import ChatTemplateError, Tokenizer
 from smg.protocol.errors import ApiError
@@ -58,17 +59,19 @@ def render_prompt(
         # A prefill of only thinking or tool calls: continue an empty answer.
         messages[-1] = {**messages[-1], "content": ""}
     try:
-        text = tokenizer.render(
-            messages,
-            tools,
-            add_generation_prompt=not prefill,
-            continue_final_message=prefill,
-            **kwargs,
-        )
+        with tracing.stage("render"):
+            text = tokenizer.render(
+                messages,
+                tools,
+                add_generation_prompt=not prefill,
+                continue_final_message=prefill,
+                **kwargs,
+            )
     except ChatTemplateError as exc:
         raise ApiError(400, f"Failed to apply chat template: {exc}", code="process_messages_failed") from exc
     try:
-        ids = tokenizer.encode(text)
+        with tracing.stage("tokenize"):
+            ids = tokenizer.encode(text)
     except Exception as exc:
         raise ApiError(500, f"Tokenization failed: {exc}", code="tokenization_failed") from exc
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -34,6 +34,7 @@ from smg.backends.grpc.types import (
     EngineLoad,
     GenerateCall,
 )
+from smg.observability import tracing
 
 MiB = 1024 * 1024
 # Large messages: tokenizer bundles and long prompts' token ids. No client keepalive pings: a
@@ -150,6 +151,7 @@ class RawComplete:
     cached_tokens: int
     matched_token_id: int | None = None
     matched_stop_str: str | None = None
+    kv_transfer_params: str | None = None
 
 
 @dataclass
@@ -195,6 +197,7 @@ class _Tally:
             matched_token_id=raw.matched_token_id,
             matched_stop_str=raw.matched_stop_str,
             cached_tokens=raw.cached_tokens or self.cached,
+            kv_transfer_params=raw.kv_transfer_params,
         )
 
     def ended_without_complete(self) -> EngineDone:
@@ -341,7 +344,8 @@ class GrpcEngineClient(ABC):
         return self._make_stub(channel).HealthCheck(self._health_request(), timeout=timeout)
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
-        rpc = self.stub().Generate(self.generate_request(call))
+        # The request's trace continues on the engine (W3C trace context as gRPC metadata).
+        rpc = self.stub().Generate(self.generate_request(call), metadata=tracing.grpc_metadata())
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
         try:

@@ -2,7 +2,8 @@
 
 Request: sampling values with SGLang's neutral defaults (top_k -1 disables it), `max_new_tokens`,
 no stop strings (the gateway matches them; single-token stops arrive as `stop_token_ids`), the
-constraint as `regex` / `json_schema` / `ebnf_grammar` / `structural_tag`, `require_reasoning`.
+constraint as `regex` / `json_schema` / `ebnf_grammar` / `structural_tag`, `require_reasoning`;
+a prefill/decode leg's rendezvous as `disaggregated_params`.
 Stream: chunks carry new token ids and running-total counts; the streamed `complete` repeats the
 last chunk's ids (a non-streamed one carries them all); stop and EOS tokens stay in the ids, the
 match named in `matched_token_id` / `matched_stop_str`.
@@ -64,7 +65,7 @@ class SglangClient(GrpcEngineClient):
         if call.constraint is not None:
             kind, value = call.constraint
             setattr(params, _CONSTRAINT_FIELDS[kind], value)
-        return pb.GenerateRequest(
+        request = pb.GenerateRequest(
             request_id=call.request_id,
             tokenized=pb.TokenizedInput(original_text=call.text, input_ids=call.input_ids),
             sampling_params=params,
@@ -74,3 +75,12 @@ class SglangClient(GrpcEngineClient):
             stream=call.stream,
             require_reasoning=call.require_reasoning,
         )
+        if call.bootstrap is not None:
+            request.disaggregated_params.CopyFrom(
+                pb.DisaggregatedParams(
+                    bootstrap_host=call.bootstrap.host,
+                    bootstrap_port=call.bootstrap.port,
+                    bootstrap_room=call.bootstrap.room,
+                )
+            )
+        return request

@@ -2,9 +2,10 @@
 
 Request: SGLang-like sampling values, but every scalar is `optional` so each is set explicitly
 (top_k -1 when unset), `max_new_tokens`, stop strings sent, the constraint as `regex` /
-`json_schema` / `ebnf_grammar` / `structural_tag`. Stream: chunks carry new ids and running-total
-counts; the streamed `complete` repeats the last chunk's ids. A matched stop token is trimmed
-from the ids (`no_stop_trim` false) but still counted in `completion_tokens`.
+`json_schema` / `ebnf_grammar` / `structural_tag`; a PD leg's rendezvous as `kv_bootstrap_info`.
+Stream: chunks carry new ids and running-total counts; the streamed `complete` repeats the last
+chunk's ids. A matched stop token is trimmed from the ids (`no_stop_trim` false) but still
+counted in `completion_tokens`.
 """
 
 from __future__ import annotations
@@ -64,9 +65,18 @@ class TokenSpeedClient(GrpcEngineClient):
         if call.constraint is not None:
             kind, value = call.constraint
             setattr(params, _CONSTRAINT_FIELDS[kind], value)
-        return pb.GenerateRequest(
+        request = pb.GenerateRequest(
             request_id=call.request_id,
             tokenized=pb.TokenizedInput(original_text=call.text, input_ids=call.input_ids),
             sampling_params=params,
             stream=call.stream,
         )
+        if call.bootstrap is not None:
+            request.kv_bootstrap_info.CopyFrom(
+                pb.KvBootstrapInfo(
+                    bootstrap_host=call.bootstrap.host,
+                    bootstrap_port=call.bootstrap.port,
+                    bootstrap_room=call.bootstrap.room,
+                )
+            )
+        return request

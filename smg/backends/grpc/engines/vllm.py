@@ -2,7 +2,9 @@
 
 Request: `max_tokens`, top_k 0 when unset (vLLM's "disabled"; the field is unsigned, so a
 negative request value is sent as 0 too), stop strings sent (vLLM matches them as well; the
-gateway still trims), the constraint as `json_schema` / `regex` / `grammar` / `structural_tag`.
+gateway still trims), the constraint as `json_schema` / `regex` / `grammar` / `structural_tag`;
+a PD leg's KV connector params as `kv_transfer_params_json` (a prefill's `complete` returns the
+decode leg's in the same field).
 Stream: every chunk's `completion_tokens` counts that chunk only, and the streamed `complete`
 repeats the last chunk's ids and count; a non-streamed `complete` carries every id and the total.
 Output ids include a matched stop or EOS token; `matched_token_id` is set for a `stop_token_ids`
@@ -17,9 +19,7 @@ import grpc.aio
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-from smg.backends.grpc.engines.base import (
-    GrpcEngineClient,
-)
+from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete
 from smg.backends.grpc.types import GenerateCall
 
 _CONSTRAINT_FIELDS = {
@@ -65,9 +65,18 @@ class VllmClient(GrpcEngineClient):
         if call.constraint is not None:
             kind, value = call.constraint
             setattr(params, _CONSTRAINT_FIELDS[kind], value)
-        return pb.GenerateRequest(
+        request = pb.GenerateRequest(
             request_id=call.request_id,
             tokenized=pb.TokenizedInput(original_text=call.text, input_ids=call.input_ids),
             sampling_params=params,
             stream=call.stream,
         )
+        if call.kv_transfer_params is not None:
+            request.kv_transfer_params_json = call.kv_transfer_params
+        return request
+
+    def _read(self, response: Any) -> RawChunk | RawComplete | None:
+        raw = super()._read(response)
+        if isinstance(raw, RawComplete) and response.complete.HasField("kv_transfer_params_json"):
+            raw.kv_transfer_params = response.complete.kv_transfer_params_json
+        return raw

@@ -1,0 +1,72 @@
+"""Admission: what a request must pass between the server and the router.
+
+One concern per module — `tenants` (the gateway keys and the tenant each request is charged
+to), `concurrency` (slots and the wait queue), `budgets` (tenant token budgets, with `policy`
+their config and `ledger` their storage) — composed around the router's handler by `Gates.wrap`,
+outermost first: a request first waits for a slot, then (once rendered) for its budget.
+Each gate journals its decision as an `admission` event; a refusal is a `Refused` error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+
+from journal.events import Event
+from smg.admission.budgets import Budgets, RateLimitConfig, budget_layer
+from smg.admission.concurrency import ConcurrencyConfig, Limiter, concurrency_layer
+from smg.admission.refusal import Refused
+from smg.admission.tenants import Keys, TenantConfig, parse_tenant_keys
+from smg.backends.base import Call
+
+__all__ = [
+    "Gates",
+    "ConcurrencyConfig",
+    "RateLimitConfig",
+    "Refused",
+    "TenantConfig",
+    "build_admission",
+]
+
+Handler = Callable[[Call], AsyncGenerator[Event, None]]
+COMPONENTS = (ConcurrencyConfig, TenantConfig, RateLimitConfig)
+
+
+class Gates:
+    """The gates of one gateway: its keys, its concurrency limiter and its tenant budgets."""
+
+    def __init__(self, keys: Keys, limiter: Limiter | None = None, budgets: Budgets | None = None) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.budgets = budgets
+
+    def wrap(self, handler: Handler) -> Handler:
+        """`handler` inside the gates (concurrency outermost, then budgets)."""
+        layers = []
+        if self.limiter is not None:
+            layers.append(concurrency_layer(self.limiter))
+        if self.budgets is not None:
+            layers.append(budget_layer(self.budgets))
+        for layer in reversed(layers):
+            handler = layer(handler)
+        return handler
+
+    def close(self) -> None:
+        if self.budgets is not None:
+            self.budgets.close()
+
+
+def build_admission(
+    api_key: str | None,
+    tenants: TenantConfig | None = None,
+    concurrency: ConcurrencyConfig | None = None,
+    rate_limit: RateLimitConfig | None = None,
+) -> Gates:
+    """The gates from their settings. Raises ValueError for settings that cannot work."""
+    tenants = tenants or TenantConfig()
+    concurrency = concurrency or ConcurrencyConfig()
+    rate_limit = rate_limit or RateLimitConfig()
+    keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants)
+    concurrency.check()
+    policy = rate_limit.policy(trust_tenant_header=tenants.trust_header)
+    budgets = Budgets(policy, rate_limit.ledger()) if policy is not None else None
+    return Gates(keys, Limiter(concurrency) if concurrency.enabled else None, budgets)

@@ -1,0 +1,175 @@
+"""Tenant token budgets (`--tenant-rate-limit-enabled --tenant-rate-limit-config FILE`): the
+layer that reserves a request's prompt tokens before the engine is called and settles with the
+real usage when the response ends.
+
+As the reference gateway: only requests the gateway generates itself (gRPC workers) are
+charged; count_tokens, `max_tokens: 0` and relayed requests (HTTP workers, the Anthropic API)
+pass untouched. The reservation is the exact rendered prompt's token count (read from the
+connector's `rendered` event, which comes before the engine call) and one request, taken from
+the tenant's scope and its matching model rule; both must afford it, else 429
+`tenant_rate_limit_exceeded` with `Retry-After` (left out when the request is larger than the
+scope ever holds). A response that finishes (its `message_delta` came) is settled: the
+budget is charged input + output − reserved more (possibly into debt). One that does not (an
+engine error, a client gone) keeps only its reservation.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journal.events import Admission, Block, Event, Rendered, Routed, Settled
+from smg.admission.ledger import Decision, Ledger, MemoryLedger, SqliteLedger
+from smg.admission.policy import PolicySet, Scope, load_policy
+from smg.admission.refusal import Refused
+from smg.backends.base import Call
+from smg.flags import option
+
+Handler = Callable[[Call], AsyncGenerator[Event, None]]
+IN_MEMORY = "memory"
+# Connectors whose gateway generates the response (and so knows the prompt's tokens).
+_CHARGED_BACKENDS = frozenset({"grpc"})
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    """`--tenant-rate-limit-enabled`, `--tenant-rate-limit-config`, `--tenant-rate-limit-state`."""
+
+    enabled: bool = field(
+        default=False,
+        metadata=option("--tenant-rate-limit-enabled", "Charge each tenant's requests to its token budget."),
+    )
+    config: str | None = field(
+        default=None,
+        metadata=option("--tenant-rate-limit-config", "The budgets: a YAML file in the reference gateway's format."),
+    )
+    state: str = field(
+        default="smg-rate-limit.db",
+        metadata=option(
+            "--tenant-rate-limit-state",
+            "SQLite file holding the budgets, shared by every gateway naming it and kept across restarts; "
+            "'memory' keeps them in this process only.",
+        ),
+    )
+
+    def policy(self, *, trust_tenant_header: bool) -> PolicySet | None:
+        """The compiled budgets, None when disabled. Raises ValueError."""
+        if not self.enabled:
+            return None
+        if not self.config:
+            raise ValueError("--tenant-rate-limit-enabled needs --tenant-rate-limit-config FILE")
+        return load_policy(Path(self.config), trust_tenant_header=trust_tenant_header)
+
+    def ledger(self) -> Ledger:
+        """Where the budgets live. Raises ValueError when the state file cannot be opened."""
+        if self.state == IN_MEMORY:
+            return MemoryLedger()
+        try:
+            return SqliteLedger(Path(self.state))
+        except sqlite3.Error as exc:
+            raise ValueError(f"--tenant-rate-limit-state {self.state}: {exc}") from None
+
+
+def exceeded(decision: Decision) -> Refused:
+    headers = {"Retry-After": str(decision.retry_after)} if decision.retry_after else {}
+    return Refused(
+        429, "Tenant rate limit exceeded for this request", code="tenant_rate_limit_exceeded", headers=headers
+    )
+
+
+class Budgets:
+    """The policy and the ledger: reserve and settle for one tenant and model."""
+
+    def __init__(self, policy: PolicySet, ledger: Ledger, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.ledger = ledger
+        self._clock = clock
+
+    async def reserve(self, tenant: str, model: str, tokens: int) -> tuple[Decision, list[Scope]]:
+        scopes = self.policy.scopes(tenant, model)
+        return await self.ledger.reserve(scopes, tokens, self._clock()), scopes
+
+    async def settle(self, scopes: list[Scope], delta: int) -> None:
+        if delta:
+            await self.ledger.settle(scopes, delta, self._clock())
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+def _charged(call: Call) -> bool:
+    return call.endpoint == "messages" and getattr(call.request, "max_tokens", 0) > 0
+
+
+def _usage(payload: dict[str, Any], key: str) -> int | None:
+    usage = payload.get("usage")
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
+    def layer(inner: Handler) -> Handler:
+        async def handle(call: Call) -> AsyncGenerator[Event, None]:
+            if not _charged(call):
+                async with aclosing(inner(call)) as events:
+                    async for event in events:
+                        yield event
+                return
+            tenant = call.tenant or "anonymous"
+            backend: str | None = None
+            scopes: list[Scope] | None = None
+            reserved = 0
+            open_ = False  # reserved and not yet settled
+            input_tokens: int | None = None
+            routed: Routed | None = None  # held back until the budget admits the request
+            async with aclosing(inner(call)) as events:
+                async for event in events:
+                    if isinstance(event, Routed) and scopes is None and event.backend in _CHARGED_BACKENDS:
+                        backend, routed = event.backend, event
+                        continue
+                    if isinstance(event, Rendered) and scopes is None and backend in _CHARGED_BACKENDS:
+                        # The engine has not been called yet: the connector waits at this event.
+                        decision, scopes = await budgets.reserve(tenant, call.model, event.prompt_tokens)
+                        reserved = event.prompt_tokens
+                        if decision.allowed and routed is not None:
+                            yield routed
+                        yield event
+                        yield Admission(
+                            gate="tenant_rate_limit",
+                            decision="admitted" if decision.allowed else "denied",
+                            tenant=tenant,
+                            reserved_tokens=reserved if decision.allowed else None,
+                            retry_after=decision.retry_after,
+                        )
+                        if not decision.allowed:
+                            raise exceeded(decision)  # no worker was called: none is journaled
+                        open_ = True
+                        continue
+                    if isinstance(event, Block) and open_ and scopes is not None:
+                        kind = event.event.get("type")
+                        if kind == "message_start" and isinstance(event.event.get("message"), dict):
+                            input_tokens = _usage(event.event["message"], "input_tokens") or input_tokens
+                        elif kind == "message_delta" and (output := _usage(event.event, "output_tokens")) is not None:
+                            # The final usage: settled before the client can see the response end,
+                            # so its next request meets the trued-up budget.
+                            used_input = _usage(event.event, "input_tokens") or input_tokens or reserved
+                            delta = used_input + output - reserved
+                            await budgets.settle(scopes, delta)
+                            yield Settled(
+                                tenant=tenant,
+                                reserved_tokens=reserved,
+                                input_tokens=used_input,
+                                output_tokens=output,
+                                delta=delta,
+                            )
+                            open_ = False
+                    yield event
+
+        return handle
+
+    return layer

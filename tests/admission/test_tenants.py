@@ -1,0 +1,131 @@
+"""Tenant keys on every route, over loopback: a gateway with a shared key and two tenant keys
+in front of the scripted HTTP worker, and one with tenant keys only."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from journal.events import Received
+from tests.admission.conftest import new_id
+from tests.conftest import MODEL, Scripted, wait_for_events
+from tools.spawn import Spawned, spawn_gateway
+
+SHARED, RED, BLUE = "shared-secret", "red-secret", "secret:with:colons"  # a key may hold colons
+BODY = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+COUNT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+KEYS = ["--tenant-api-key", f"red:{RED}", "--tenant-api-key", f"blue:{BLUE}"]
+
+# (method, path, json body or None, admin?)
+ROUTES: list[tuple[str, str, dict[str, object] | None, bool]] = [
+    ("POST", "/v1/messages", BODY, False),
+    ("POST", "/v1/messages/count_tokens", COUNT, False),
+    ("GET", "/v1/models", None, False),
+    ("GET", f"/v1/models/{MODEL}", None, False),
+    ("GET", "/workers", None, True),
+    ("GET", "/workers/no-such-worker", None, True),
+    ("POST", "/workers", {"url": "http://127.0.0.1:9"}, True),
+    ("GET", "/v1/tokenizers", None, True),
+    ("GET", "/v1/tokenizers/no-such-tokenizer", None, True),
+]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def keyed(worker: Spawned, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Spawned, Path]]:
+    journal = tmp_path_factory.mktemp("adm-keys") / "journal.db"
+    proc = spawn_gateway([worker.url], journal=journal, extra=["--api-key", SHARED, *KEYS])
+    try:
+        yield proc, journal
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def tenants_only(worker: Spawned) -> Iterator[Spawned]:
+    proc = spawn_gateway([worker.url], extra=KEYS)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _send(
+    client: httpx.Client, method: str, path: str, body: dict[str, object] | None, headers: dict[str, str]
+) -> httpx.Response:
+    return client.request(method, path, json=body, headers={"anthropic-version": "2023-06-01", **headers})
+
+
+def _assert_401(response: httpx.Response, challenge: str) -> None:
+    assert response.status_code == 401, (response.request.url, response.text)
+    assert response.headers["www-authenticate"] == challenge
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(("method", "path", "body", "admin"), ROUTES, ids=[f"{m} {p}" for m, p, _, _ in ROUTES])
+def test_every_route_with_each_kind_of_key(
+    keyed: tuple[Spawned, Path], scripted: Scripted, method: str, path: str, body: dict[str, object] | None, admin: bool
+) -> None:
+    gateway, _ = keyed
+    scripted.script(*[{"json": {"input_tokens": 3}}] * 4, path="/v1/messages/count_tokens")
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        _assert_401(_send(client, method, path, body, {}), 'Bearer realm="data-plane"')
+        wrong = 'Bearer realm="data-plane", error="invalid_token"'
+        _assert_401(_send(client, method, path, body, bearer("not-a-key")), wrong)
+        # x-api-key is never read, even when it holds a gateway key.
+        _assert_401(_send(client, method, path, body, {"x-api-key": SHARED}), 'Bearer realm="data-plane"')
+        for key in (RED, BLUE):
+            answer = _send(client, method, path, body, bearer(key))
+            if admin:
+                _assert_401(answer, wrong)
+            else:
+                assert answer.status_code == 200, answer.text
+        shared = _send(client, method, path, body, bearer(SHARED))
+        assert shared.status_code != 401, shared.text
+        if not admin:
+            assert shared.status_code == 200, shared.text
+
+
+def test_admin_routes_deny_every_key_when_only_tenant_keys_are_configured(tenants_only: Spawned) -> None:
+    with httpx.Client(base_url=tenants_only.url, timeout=30.0) as client:
+        for method, path, body, admin in ROUTES:
+            if not admin:
+                continue
+            for headers in ({}, bearer(RED), bearer(SHARED)):
+                assert _send(client, method, path, body, headers).status_code == 401
+        assert client.get("/v1/models", headers=bearer(RED)).status_code == 200
+
+
+def test_the_tenant_is_journaled_on_every_request(keyed: tuple[Spawned, Path], scripted: Scripted) -> None:
+    gateway, journal = keyed
+    scripted.script({"json": {"input_tokens": 3}}, path="/v1/messages/count_tokens")
+    sent: dict[str, str] = {}
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        for label, headers, path, body in (
+            ("red", bearer(RED), "/v1/messages", BODY),
+            ("blue", bearer(BLUE), "/v1/messages/count_tokens", COUNT),
+            ("shared", bearer(SHARED), "/v1/messages", BODY),
+            ("nobody", bearer("wrong"), "/v1/messages", BODY),
+            ("refused", bearer(RED), "/v1/messages", {**BODY, "max_tokens": "many"}),
+        ):
+            sent[label] = rid = new_id()
+            client.post(path, json=body, headers={**headers, "x-request-id": rid})
+    tenants = {}
+    for label, rid in sent.items():
+        received = wait_for_events(journal, rid)[0]
+        assert isinstance(received, Received)
+        tenants[label] = received.tenant
+    assert tenants == {
+        "red": "auth:red",
+        "blue": "auth:blue",
+        "shared": "auth:" + hashlib.sha256(SHARED.encode()).hexdigest(),
+        "nobody": "ip:127.0.0.1",
+        "refused": "auth:red",
+    }
