@@ -385,12 +385,16 @@ class InspectorApp(App[None]):
         self.source.forget(dropped)
 
     def _scrolled(self, _: float) -> None:
+        if not self.screen_stack:
+            return
         table = self.table
         if self.source.has_more and table.scroll_y >= table.max_scroll_y - self._ahead:
             self.load_more()
 
     @on(DataTable.RowHighlighted, "#requests")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if not self.screen_stack:  # a move queued just before shutdown
+            return
         if self.source.has_more and event.cursor_row >= self.table.row_count - self._ahead:
             self.load_more()
 
