@@ -29,7 +29,7 @@ false; `!` negates that):
   one): exact and case-sensitive, or a `*` pattern, like the string fields. `=`, `!=`.
 * `trace:` a W3C trace id (32 hex digits, any case): the request's trace, as its `received`
   event recorded it (the gateway's span's with `--enable-trace`, else the client's
-  `traceparent`'s). `=` only.
+  `traceparent`'s; the indexed `trace_id` column). `=` only.
 * `status:` a number or a class (`4xx`, `5xx`); every op (classes: `=` and `!=`).
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
@@ -40,7 +40,17 @@ false; `!` negates that):
   (`2025-05-01`, `2025-05-01T12:00`, local time unless it has an offset); since is inclusive,
   until exclusive.
 
-Free text (a bare word or a quoted phrase) matches, case-insensitively (ASCII letters), a
+* `user:` (the
+  body's `metadata.user_id`), `session:` (Claude Code's session header), `key:` (the 12-hex
+  fingerprint of the caller's key), `thread:` (the conversation key `smg journal thread`
+  follows): strings, like `model:`. `turns:` the number of messages sent; every op.
+* `hung_up:yes|no` (the client went away before the end), `cut:yes|no` (a stream that had
+  started and did not reach `message_stop`); also `has:hung_up`, `has:cut`.
+
+Free text, on a journal with the full-text index (`indexed=True`: every journal this version
+writes; see `journal.search` for what is indexed), matches words: a quoted phrase its words in
+order, a bare word as a prefix (`overload` finds `overloaded`), case- and accent-insensitively.
+On an older file, read as it is, free text matches, case-insensitively (ASCII letters), a
 substring of the stored payload of one of the request's `received`, `upstream`, `block`,
 `error` or `rejected` events: the request body, the response as relayed or built, error
 messages. It is a literal (`*` included); a phrase must lie within one event (one streamed
@@ -59,6 +69,8 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+
+from journal import search
 
 __all__ = ["QueryError", "compile_query", "FIELDS"]
 
@@ -86,7 +98,14 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "stop": (_STRING, "stop_reason"),
     "id": ("id", "id"),
     "client_id": (_STRING, "client_id"),
-    "trace": ("trace", ""),
+    "trace": ("trace", "trace_id"),
+    "user": (_STRING, "user_id"),
+    "session": (_STRING, "session_id"),
+    "key": (_STRING, "key_fp"),
+    "thread": (_STRING, "thread_key"),
+    "turns": ("count", "turns"),
+    "hung_up": ("flag", "hung_up"),
+    "cut": ("flag", "cut_mid_stream"),
     "status": ("status", "status"),
     "ttft": ("duration", "ttfe_ms"),
     "ttfe": ("duration", "ttfe_ms"),
@@ -110,6 +129,8 @@ _HAS = {
     "tool_use": "has_tool_use = 1",
     "thinking": "has_thinking = 1",
     "error": "(IFNULL(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)",
+    "hung_up": "hung_up = 1",
+    "cut": "cut_mid_stream = 1",
 }
 _YES = frozenset({"yes", "true"})
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
@@ -221,6 +242,7 @@ class _Term:
 class _Text:
     text: str
     pos: int
+    quoted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +323,7 @@ class _Parser:
         self.i += 1
         if tok.kind == "term":
             return self.term(tok)
-        return _Text(tok.text, tok.start)
+        return _Text(tok.text, tok.start, tok.kind == "phrase")
 
     def nested(self, parse: Any, tok: _Token) -> _Node:
         self.depth += 1
@@ -349,8 +371,10 @@ def _glob_to_like(value: str) -> str:
 
 
 class _Compiler:
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, indexed: bool, ordered: bool) -> None:
         self.now = now
+        self.indexed = indexed
+        self.ordered = ordered
         self.params: list[Any] = []
 
     def node(self, node: _Node) -> str:
@@ -369,6 +393,15 @@ class _Compiler:
     def text(self, node: _Text) -> str:
         if not node.text:
             raise QueryError("empty phrase", node.pos, '""')
+        if self.indexed:
+            match = search.match_expression(node.text, prefix=not node.quoted)
+            if match is not None:
+                table = search.TABLE
+                # For a page (`ordered`), `+` keeps the planner from driving the query from the
+                # matches (fetching and sorting every one of them for 50): it walks the time index
+                # and looks each row up in them. A count is better driven from the matches.
+                plus = "+" if self.ordered else ""
+                return f"{plus}requests.rowid IN (SELECT rowid FROM {table} WHERE {table} MATCH {self.bind(match)})"
         # Payloads are stored as JSON: the needle is looked for as JSON spells it.
         needle = orjson.dumps(node.text).decode()[1:-1]
         pattern = self.bind(f"%{like_escape(needle)}%")
@@ -415,11 +448,8 @@ class _Compiler:
         value = term.value.strip().lower()
         if not _TRACE_ID.fullmatch(value):
             raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
-        # Events are keyed by request first: this reads only the matching row's own events.
-        return (
-            "EXISTS (SELECT 1 FROM events AS ev WHERE ev.request_id = requests.id AND ev.kind = 'received'"
-            f" AND json_extract(ev.data, '$.trace_id') = {self.bind(value)})"
-        )
+        # The indexed summary column `journal.search` fills from the `received` event.
+        return f"(trace_id IS NOT NULL AND trace_id = {self.bind(value)})"
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
@@ -479,15 +509,20 @@ class _Compiler:
             ) from None
 
 
-def compile_query(text: str, *, now: float | None = None) -> tuple[str, list[Any]]:
+def compile_query(
+    text: str, *, now: float | None = None, indexed: bool = False, ordered: bool = False
+) -> tuple[str, list[Any]]:
     """`text` as an SQL boolean expression over `requests` and its parameters; `""` is `("1", [])`.
 
-    `now` (epoch seconds, default the current time) anchors `since:15m`-style terms. Raises
-    `QueryError` for a query that does not parse.
+    `now` (epoch seconds, default the current time) anchors `since:15m`-style terms.
+    `indexed`: free text is looked up in the full-text index (`journal.search`; the file must
+    have it) instead of scanned for in the events. Raises `QueryError` for a query that does
+    not parse. `ordered`: the expression is for a page in time order (`ORDER BY ts … LIMIT n`),
+    not for a count or an aggregate; it only changes the plan SQLite chooses.
     """
     tree = _Parser(text).parse()
     if tree is None:
         return "1", []
-    compiler = _Compiler(time.time() if now is None else now)
+    compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
     sql = compiler.node(tree)
     return sql, compiler.params

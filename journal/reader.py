@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from journal import schema
+from journal import schema, search
 from journal.events import Event, event_from_dict, event_kinds
 from journal.query import compile_query
 
-_BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking")
+_BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking", *search.FLAGS)
 
 
 class JournalError(Exception):
@@ -78,6 +78,19 @@ class JournalReader:
         columns = [c if c in present else f"NULL AS {c}" for c in schema.REQUEST_COLUMNS]
         self._select = f"SELECT {', '.join(columns)} FROM requests"
         self._has_client_id = "client_id" in present
+        self.indexed = search.has_index(self._conn)
+        """Whether free text is looked up in the full-text index (else scanned for; an older file)."""
+
+    def compile(self, query: str, *, ordered: bool = False) -> tuple[str, list[Any]]:
+        """`query` as SQL over this file's `requests` (`journal.query.compile_query`, with the
+        text index when the file has one; `ordered` for a page in time order). Raises
+        `journal.query.QueryError`."""
+        return compile_query(query, indexed=self.indexed, ordered=ordered)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The read-only connection, for SQL of `journal.stats` and the like."""
+        return self._conn
 
     def close(self) -> None:
         self._conn.close()
@@ -93,7 +106,7 @@ class JournalReader:
 
         Raises `journal.query.QueryError` for a query that does not parse.
         """
-        where, params = compile_query(query)
+        where, params = self.compile(query)
         return int(self._conn.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchone()[0])
 
     def list_requests(
@@ -118,7 +131,7 @@ class JournalReader:
             raise ValueError(f"cannot order by {order!r}; choose one of {', '.join(schema.REQUEST_COLUMNS)}")
         if newest_first is not None:
             descending = newest_first
-        where, params = compile_query(query)
+        where, params = self.compile(query, ordered=order == "ts")
         if since_ts is not None:
             where = f"({where}) AND ts >= ?"
             params.append(since_ts)
@@ -130,6 +143,17 @@ class JournalReader:
             [*params, limit, offset],
         ).fetchall()
         return [_row(r) for r in rows]
+
+    def page(
+        self, limit: int = 50, *, query: str = "", offset: int = 0, **options: Any
+    ) -> tuple[list[dict[str, Any]], int]:
+        """`list_requests` and how many requests match in all. The count is a second query
+        only when the page is full (else it is `offset` plus the rows), and one over indexes
+        then: the filter's, or the text index's."""
+        rows = self.list_requests(limit, query=query, offset=offset, **options)
+        if len(rows) < limit and (rows or offset == 0):
+            return rows, offset + len(rows)
+        return rows, self.count(query)
 
     def get_request(self, id_or_prefix: str) -> dict[str, Any] | None:
         """The summary row of a request by the gateway's id for it, a unique prefix of that

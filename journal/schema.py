@@ -5,7 +5,8 @@ version `i` to `i + 1`; each is a plain function of a `sqlite3.Connection` that 
 the transaction `migrate` opens, so a migration and its version bump commit together or not
 at all. Version 1 creates the tables; version 2 adds the indexes that filtered, time-ordered
 listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); version 3 adds
-`client_id`. Add a migration by appending a function; never edit one that has shipped.
+`client_id`; version 4 the search columns and the full-text index (`journal.search`). Add a
+migration by appending a function; never edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
 every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
@@ -24,6 +25,8 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable
+
+from journal import search
 
 DEFAULT_PATH = "smg-journal.db"
 """Where `smg launch` writes and `smg journal …` reads when nothing else is said."""
@@ -98,7 +101,8 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX requests_client_id ON requests (client_id)")
 
 
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3]
+# v4: the search columns and the text index (`journal.search.migrate`).
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, search.migrate]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 REQUEST_COLUMNS: tuple[str, ...] = (
@@ -126,13 +130,14 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "has_thinking",
     "bodies",
     "client_id",
+    *search.COLUMNS,
 )
 """The columns of `requests`, in table order."""
 
-FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking")
+FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking", *search.FLAGS)
 """0/1 columns that only ever go from 0 to 1."""
 
-QUERIED_COLUMNS: tuple[str, ...] = ("client_id",)
+QUERIED_COLUMNS: tuple[str, ...] = ("client_id", *search.COLUMNS)
 """Columns added after v1 that `journal.query` may name: a reader of an older file supplies them as NULL."""
 
 

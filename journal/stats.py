@@ -1,8 +1,10 @@
 """Aggregate statistics over the `requests` summary table (`smg journal stats`).
 
 Pure over a sqlite3 connection and an SQL boolean expression selecting the rows (what
-`journal.query.compile_query` produces; empty for every row). Everything is an SQL aggregate
-or an indexed `ORDER BY … LIMIT 1 OFFSET k`, so no query loads the rows into Python.
+`journal.query.compile_query` produces; empty for every row). Two reads of the selection
+whatever its size: an SQL aggregate for the totals, and the few columns the breakdowns and
+percentiles need, counted and sorted here (a query per breakdown and per percentile scans the
+table again each time: seconds at a million rows).
 
 Percentiles use the nearest-rank method: p is the smallest value with at least p·n values at
 or below it. Output tokens per second are computed over requests that report output tokens
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +26,8 @@ PERCENTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 # the 200 the client got before the SSE `error` event). The same rule as the query's `has:error`.
 _FAILED = "(IFNULL(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)"
 # Requests that produced output at a measurable rate.
-_RATED = "output_tokens IS NOT NULL AND duration_ms > 0"
+# `+`: not through the duration index, which holds nearly every row (a lookup per row).
+_RATED = "output_tokens IS NOT NULL AND +duration_ms > 0"
 
 
 def compute(
@@ -41,10 +45,28 @@ def compute(
     `mean`, `max`, `p50`, …}); `tokens` (`input`, `output`, `output_per_s`,
     `output_per_s_median`, `rated_requests`).
     """
-    sel = _Selection(conn, where, params)
-    total, completed, errors, first_ts, last_ts = sel.one(
-        f"count(*), total(completed), total({_FAILED}), min(ts), max(ts)"
+    cond = f"({where})" if where.strip() else "1"
+    args = list(params)
+    total, completed, errors, first_ts, last_ts, input_tokens, output_tokens, rated, rated_output, rated_ms = (
+        conn.execute(
+            f"SELECT count(*), total(completed), total({_FAILED}), min(ts), max(ts),"
+            f" total(input_tokens), total(output_tokens), total({_RATED}),"
+            f" total(CASE WHEN {_RATED} THEN output_tokens END), total(CASE WHEN {_RATED} THEN duration_ms END)"
+            f" FROM requests WHERE {cond}",
+            args,
+        ).fetchone()
     )
+    rows = conn.execute(
+        "SELECT CASE WHEN status IS NULL THEN 'none' ELSE CAST(status / 100 AS TEXT) || 'xx' END, status, model,"
+        f" backend, CASE WHEN {_FAILED} THEN COALESCE(error_code, error_type, 'status ' || status) END, stop_reason,"
+        f" duration_ms, ttfe_ms, CASE WHEN {_RATED} THEN output_tokens * 1000.0 / duration_ms END"
+        f" FROM requests WHERE {cond}",
+        args,
+    ).fetchall()
+    columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 9
+    del rows
+    classes, statuses, models, backends, codes, stops = (_counts(c) for c in columns[:6])
+    durations, ttfes, rates = (_sorted(c) for c in columns[6:])
     out: dict[str, Any] = {
         "requests": int(total),
         "completed": int(completed),
@@ -52,29 +74,59 @@ def compute(
         "errors": int(errors),
         "first_ts": first_ts,
         "last_ts": last_ts,
-        "by_status_class": sel.counts(
-            "CASE WHEN status IS NULL THEN 'none' ELSE CAST(status / 100 AS TEXT) || 'xx' END"
-        ),
-        "by_status": {str(k): v for k, v in sel.counts("status", "status IS NOT NULL").items()},
-        "by_model": sel.counts("model", "model IS NOT NULL"),
-        "by_backend": sel.counts("backend", "backend IS NOT NULL"),
-        "error_codes": sel.counts("COALESCE(error_code, error_type, 'status ' || status)", _FAILED),
-        "stop_reasons": sel.counts("stop_reason", "stop_reason IS NOT NULL"),
+        "by_status_class": classes,
+        "by_status": {str(k): v for k, v in statuses.items()},
+        "by_model": models,
+        "by_backend": backends,
+        "error_codes": codes,
+        "stop_reasons": stops,
         "latency_ms": {
-            "duration": sel.distribution("duration_ms", "duration_ms IS NOT NULL", percentiles),
-            "ttfe": sel.distribution("ttfe_ms", "ttfe_ms IS NOT NULL", percentiles),
+            "duration": _distribution(durations, percentiles),
+            "ttfe": _distribution(ttfes, percentiles),
         },
     }
-    input_tokens, output_tokens = sel.one("total(input_tokens), total(output_tokens)")
-    rated, rated_output, rated_ms = sel.one("count(*), total(output_tokens), total(duration_ms)", _RATED)
-    median = sel.ranked("output_tokens * 1000.0 / duration_ms", _RATED, int(rated), 0.5)
     out["tokens"] = {
         "input": int(input_tokens),
         "output": int(output_tokens),
         "rated_requests": int(rated),
         "output_per_s": rated_output * 1000.0 / rated_ms if rated_ms > 0 else None,
-        "output_per_s_median": median,
+        "output_per_s_median": float(rates[rank(0.5, len(rates))]) if rates else None,
     }
+    return out
+
+
+def _sql_key(value: Any) -> tuple[int, Any]:
+    # SQLite's order across storage classes: numbers, then text, then blobs.
+    if isinstance(value, int | float):
+        return (0, value)
+    return (1, value) if isinstance(value, str) else (2, bytes(value))
+
+
+def _counts(column: Sequence[Any]) -> dict[Any, int]:
+    """How often each non-NULL value occurs, largest first, ties by value (`ORDER BY n DESC, k`)."""
+    counts = Counter(column)
+    counts.pop(None, None)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], _sql_key(item[0]))))
+
+
+def _sorted(column: Sequence[Any]) -> list[Any]:
+    values = [v for v in column if v is not None]
+    try:
+        values.sort()
+    except TypeError:  # text in a numeric column (an older file): sorted as SQLite would
+        values.sort(key=_sql_key)
+    return values
+
+
+def _distribution(values: list[Any], percentiles: Sequence[float]) -> dict[str, Any]:
+    numbers = [v for v in values if isinstance(v, int | float)]
+    out: dict[str, Any] = {
+        "count": len(values),
+        "mean": sum(numbers) / len(numbers) if numbers else None,
+        "max": values[-1] if values else None,
+    }
+    for p in percentiles:
+        out[percentile_label(p)] = float(values[rank(p, len(values))]) if values else None
     return out
 
 
@@ -86,41 +138,3 @@ def percentile_label(p: float) -> str:
 def rank(p: float, n: int) -> int:
     """The 0-based index of the nearest-rank p-th percentile among n sorted values."""
     return min(n - 1, max(0, math.ceil(p * n) - 1))
-
-
-class _Selection:
-    """SQL over the selected rows of `requests`, an extra condition ANDed in per query."""
-
-    def __init__(self, conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> None:
-        self._conn = conn
-        self._where = f"({where})" if where.strip() else "1"
-        self._params = list(params)
-
-    def _sql(self, select: str, extra: str | None, tail: str = "") -> str:
-        cond = f"{self._where} AND ({extra})" if extra else self._where
-        return f"SELECT {select} FROM requests WHERE {cond} {tail}"
-
-    def one(self, select: str, extra: str | None = None) -> tuple[Any, ...]:
-        row: tuple[Any, ...] = self._conn.execute(self._sql(select, extra), self._params).fetchone()
-        return row
-
-    def counts(self, expr: str, extra: str | None = None) -> dict[Any, int]:
-        rows = self._conn.execute(
-            self._sql(f"{expr} AS k, count(*) AS n", extra, "GROUP BY k ORDER BY n DESC, k"), self._params
-        ).fetchall()
-        return {k: int(n) for k, n in rows}
-
-    def ranked(self, expr: str, extra: str, n: int, p: float) -> float | None:
-        if n == 0:
-            return None
-        row = self._conn.execute(
-            self._sql(f"{expr} AS v", extra, "ORDER BY v LIMIT 1 OFFSET ?"), [*self._params, rank(p, n)]
-        ).fetchone()
-        return None if row is None else float(row[0])
-
-    def distribution(self, column: str, extra: str, percentiles: Sequence[float]) -> dict[str, Any]:
-        n, mean, top = self.one(f"count({column}), avg({column}), max({column})", extra)
-        out: dict[str, Any] = {"count": int(n), "mean": mean, "max": top}
-        for p in percentiles:
-            out[percentile_label(p)] = self.ranked(column, extra, int(n), p)
-        return out

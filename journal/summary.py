@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal import search
 from journal.events import (
     Admission,
     Block,
@@ -79,6 +80,7 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
             summary["stop_reason"] = event.stop_reason
         _apply_usage(summary, event.usage)
         summary["completed"] = 1
+    search.fold(summary, event)
 
 
 def _apply_block(summary: dict[str, Any], event: Block) -> None:
@@ -151,9 +153,7 @@ def describe(event: Event) -> str:
         return f"{event.part} {size}B{enc} {_clip(repr(event.data or ''))}"
     if isinstance(event, Received):
         size = len(event.body.encode("utf-8", "surrogatepass")) if event.body else 0
-        tail = "".join(
-            f" {k}={v}" for k, v in (("tenant", event.tenant), ("client", event.client)) if v
-        )
+        tail = "".join(f" {k}={v}" for k, v in (("tenant", event.tenant), ("client", event.client)) if v)
         query = f"?{event.query}" if event.query else ""
         return f"{event.method} {event.path}{query} body={size}B{tail}"
     if isinstance(event, Validated):
@@ -163,19 +163,15 @@ def describe(event: Event) -> str:
         again = f" attempt={event.attempt}" if event.attempt != 1 else ""
         return f"backend={event.backend} worker={event.worker} model={event.model}{extra}{again}"
     if isinstance(event, Rendered):
-        return (
-            f"prompt_tokens={event.prompt_tokens} digest={event.prompt_digest[:12]}"
-            f" stop_ids={event.stop_ids}" + (" constrained" if event.constraint else "")
+        return f"prompt_tokens={event.prompt_tokens} digest={event.prompt_digest[:12]} stop_ids={event.stop_ids}" + (
+            " constrained" if event.constraint else ""
         )
     if isinstance(event, Counted):
         return f"input_tokens={event.input_tokens}"
     if isinstance(event, Rejected):
         return f"{event.status} {event.error_type}{_code(event.code)}: {_clip(event.message)}"
     if isinstance(event, Error):
-        return (
-            f"[{event.stage}] {event.status} {event.error_type}{_code(event.code)}:"
-            f" {_clip(event.message)}"
-        )
+        return f"[{event.stage}] {event.status} {event.error_type}{_code(event.code)}: {_clip(event.message)}"
     if isinstance(event, McpConnect | ModelCall | ModelResult | McpCall | McpResult | StreamOpened):
         return _describe_mcp(event)
     if isinstance(event, Completed):
@@ -183,9 +179,7 @@ def describe(event: Event) -> str:
         if event.stop_reason:
             parts.append(f"stop={event.stop_reason}")
         if event.usage:
-            parts.append(
-                f"tokens={event.usage.get('input_tokens')}/{event.usage.get('output_tokens')}"
-            )
+            parts.append(f"tokens={event.usage.get('input_tokens')}/{event.usage.get('output_tokens')}")
         parts.append(f"sent={event.bytes_sent}B")
         if event.disconnected:
             parts.append("DISCONNECTED")
@@ -263,9 +257,7 @@ def _describe_block(payload: dict[str, Any]) -> str:
     if kind == "message_delta":
         delta = payload.get("delta") or {}
         usage = payload.get("usage") or {}
-        return (
-            f"{kind} stop={delta.get('stop_reason')} output_tokens={usage.get('output_tokens')}"
-        )
+        return f"{kind} stop={delta.get('stop_reason')} output_tokens={usage.get('output_tokens')}"
     if kind == "error":
         error = payload.get("error") or {}
         return f"{kind} {error.get('type')}: {_clip(str(error.get('message', '')))}"

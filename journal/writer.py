@@ -4,8 +4,10 @@ Serving code calls `append` for every event. That is a `put_nowait` on an in-mem
 (no I/O, no await on disk); a single writer task takes whatever has queued up, up to
 `max_batch` events, and hands them to the writer thread, which serializes them and writes
 them and the summary rows they touch in ONE transaction, commits, and goes back for more.
-Under load a batch grows with the backlog, so the number of commits per second stays small
-however many events arrive; when idle each event is committed on its own almost at once.
+The same transaction indexes the text of the requests that completed in the batch
+(`journal.search.write_text`, one statement per batch). Under load a batch grows with the
+backlog, so the number of commits per second stays small however many events arrive; when
+idle each event is committed on its own almost at once.
 `append` only waits when the queue is full (backpressure instead of unbounded memory).
 
 Durability contract (WAL, `synchronous=NORMAL`):
@@ -60,7 +62,7 @@ from typing import Any, Protocol
 import orjson
 
 from journal import retention as retention_mod
-from journal import schema, summary
+from journal import schema, search, summary
 from journal.bodies import BodyFilter
 from journal.events import Event
 from journal.redact import redacted
@@ -81,7 +83,9 @@ _FINAL_ATTEMPTS = 3  # retries of what is still pending when the writer closes
 _STALL_S = 1.0  # a commit running longer than this counts as stalled: a full queue drops, not waits
 
 _INSERT_EVENT = "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
-_FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies", "client_id"})
+_FIRST_WINS = frozenset(
+    {"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies", "client_id", *search.FIRST_WINS}
+)
 
 
 def _upsert_sql() -> str:
@@ -163,6 +167,7 @@ def encode(event: Event) -> bytes:
 
 _Rows = list[tuple[str, int, str, float, str]]
 _Params = list[tuple[Any, ...]]
+_Texts = list[tuple[str, str]]  # (text, request id): `journal.search.write_text`
 
 
 class JournalWriter:
@@ -208,7 +213,7 @@ class JournalWriter:
         self._summaries: dict[str, dict[str, Any]] = {}
         # Prepared batches whose commit failed, retried with the next one (oldest first);
         # at most `_max_pending` events, the oldest batches given up beyond that.
-        self._pending: list[tuple[_Rows, _Params]] = []
+        self._pending: list[tuple[_Rows, _Params, _Texts]] = []
         self._pending_events = 0
         self._max_pending = queue_size
         self._problem: str | None = None
@@ -456,13 +461,14 @@ class JournalWriter:
             self._bound_pending()
         if not self._pending:
             return
-        rows = [row for batch_rows, _ in self._pending for row in batch_rows]
-        requests = [params for _, batch_params in self._pending for params in batch_params]
+        rows = [row for batch_rows, _, _ in self._pending for row in batch_rows]
+        requests = [params for _, batch_params, _ in self._pending for params in batch_params]
+        texts = [text for _, _, batch_texts in self._pending for text in batch_texts]
         conn = self._conn
         assert conn is not None
         started = self._commit_started = time.monotonic()
         try:
-            rows = self._transaction(conn, rows, requests)
+            rows = self._transaction(conn, rows, requests, texts)
         finally:
             self._commit_started = None
         elapsed_us = int((time.monotonic() - started) * 1e6)
@@ -477,12 +483,12 @@ class JournalWriter:
 
     def _bound_pending(self) -> None:
         while self._pending_events > self._max_pending and len(self._pending) > 1:
-            rows, _ = self._pending.pop(0)
+            rows, _, _ = self._pending.pop(0)
             self._pending_events -= len(rows)
             self._events_dropped += len(rows)
             self._incident_dropped += len(rows)
 
-    def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params] | None:
+    def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params, _Texts] | None:
         """Capture, serialize and fold each event; an event that cannot be is dropped alone."""
         rows: _Rows = []
         touched: dict[str, dict[str, Any]] = {}
@@ -509,13 +515,15 @@ class JournalWriter:
         if not rows:
             return None
         requests = [_request_params(row) for row in touched.values()]
+        texts = search.text_rows([touched[request_id] for request_id in dict.fromkeys(finished)])
         for request_id in finished:
             self._summaries.pop(request_id, None)
         self._evict()
-        return rows, requests
+        return rows, requests, texts
 
-    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params) -> _Rows:
-        """Insert the events and upsert the summary rows in one transaction; the rows written.
+    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts) -> _Rows:
+        """Insert the events, upsert the summary rows and index the text of the requests that
+        completed (`journal.search`) in one transaction; the rows written.
 
         A row SQLite refuses (a duplicate event, a value it cannot bind) costs itself only:
         the batch is retried row by row without it. Failures of the file itself (locked,
@@ -526,12 +534,14 @@ class JournalWriter:
             try:
                 conn.executemany(_INSERT_EVENT, rows)
                 conn.executemany(_UPSERT_REQUEST, requests)
+                search.write_text(conn, texts)
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN")
                 rows = self._one_by_one(conn, _INSERT_EVENT, rows)
                 self._one_by_one(conn, _UPSERT_REQUEST, requests)
+                search.write_text(conn, texts)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

@@ -2,8 +2,15 @@
 
 The list is paged from SQLite (`RequestSource`): it loads one page at a time as the cursor or
 the scroll position nears its end, and a timer asks only for rows newer than the newest one
-shown. Everything the journal cannot answer (a bad query, an unloadable tokenizer, a request
-that cannot be replayed) becomes a message on screen, never a crash.
+shown. New rows go in above, and the cursor stays on the request it was on (by id), so what
+Enter opens is what the user looked at, however fast the gateway writes; a burst larger than
+`FOLLOW_MAX` is announced, never loaded under the user (`g` jumps to the newest). A filter is
+searched on a thread of its own (`Search`), with its progress in the status line and Esc to
+cancel; the list shows the previous filter's rows until the new ones are in. Columns give way
+by priority on a narrow terminal. `t` shows the selected request's conversation, `s` the
+statistics of the filter per model, tenant, key or user. Everything the journal cannot answer
+(a bad query, an unloadable tokenizer, a request that cannot be replayed) becomes a message on
+screen, never a crash.
 """
 
 from __future__ import annotations
@@ -13,18 +20,28 @@ import sqlite3
 from os import PathLike
 from typing import Any, ClassVar
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
+from journal import groups, threads
 from journal.reader import JournalError, JournalReader
 from replay.inspector import actions, render
-from replay.inspector.data import QueryError, RequestDetail, RequestSource, decode, load_detail, load_tokenizer
+from replay.inspector.data import (
+    FOLLOW_MAX,
+    QueryError,
+    RequestDetail,
+    RequestSource,
+    Search,
+    decode,
+    load_detail,
+    load_tokenizer,
+)
 
 # Load the next page when the cursor comes this close to the last loaded row.
 _PAGE_AHEAD = 10
@@ -158,7 +175,8 @@ class InspectorApp(App[None]):
     #filter-status.bad { color: $error; }
     #requests { height: 1fr; }
     #list-status { height: 1; padding: 0 1; background: $panel; }
-    #detail-header { height: auto; padding: 0 1; background: $panel; }
+    #detail-header { dock: top; height: auto; padding: 0 1; background: $panel; }
+    #tabs { height: 1fr; }
     #tokens-note { height: auto; padding: 0 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -167,6 +185,9 @@ class InspectorApp(App[None]):
         Binding("d", "diff", "Diff"),
         Binding("c", "curl", "Curl"),
         Binding("y", "copy_id", "Copy id"),
+        Binding("t", "thread", "Conversation"),
+        Binding("s", "stats", "Stats"),
+        Binding("g", "newest", "Newest"),
         Binding("escape", "escape", "Back", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -179,11 +200,12 @@ class InspectorApp(App[None]):
         refresh_s: float = 1.0,
         base_url: str | None = None,
         max_rows: int | None = None,
+        follow_max: int = FOLLOW_MAX,
     ) -> None:
         super().__init__()
         self.journal_path = journal_path
         self.reader = JournalReader(journal_path)
-        self.source = RequestSource(self.reader, page_size)
+        self.source = RequestSource(self.reader, page_size, follow_max)
         self.refresh_s = refresh_s
         self.base_url = base_url
         # Following a busy gateway must not grow the list forever: past this many rows the
@@ -192,6 +214,13 @@ class InspectorApp(App[None]):
         self._ahead = max(1, min(_PAGE_AHEAD, page_size // 4))
         self.rows: dict[str, dict[str, Any]] = {}
         self.total: int | None = None
+        self.columns: list[str] = [key for key, _ in render.LIST_COLUMNS]
+        self.search: Search | None = None
+        """The filter being searched, if one is."""
+        self.behind = 0
+        """Rows that arrived in a burst too large to follow (0: the list is following)."""
+        self._offset: int | None = None
+        self._columns_ready = False  # the list's columns are in place (a resize may come before mount)
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -206,8 +235,11 @@ class InspectorApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.table
-        for key, label in render.LIST_COLUMNS:
-            table.add_column(label, key=key)
+        self.columns = render.fitting_columns(self.size.width)
+        labels = dict(render.LIST_COLUMNS)
+        for key in self.columns:
+            table.add_column(labels[key], key=key)
+        self._columns_ready = True
         self.reload()
         table.focus()
         self.watch(table, "scroll_y", self._scrolled, init=False)
@@ -225,9 +257,30 @@ class InspectorApp(App[None]):
 
     # -- the list -------------------------------------------------------------------------
 
-    def reload(self) -> None:
-        """Start the list over from its first page (the filter changed, or too much arrived)."""
+    def on_resize(self, event: events.Resize) -> None:
+        if not self._columns_ready or not self.screen_stack or not self._main.query("#requests"):
+            return
+        wanted = render.fitting_columns(event.size.width)
+        if wanted == self.columns:
+            return
+        # Rebuilt rather than edited in place: DataTable keeps cells per column order.
+        table = self.table
         keep = self._cursor_id()
+        self.columns = wanted
+        table.clear(columns=True)
+        labels = dict(render.LIST_COLUMNS)
+        for key in wanted:
+            table.add_column(labels[key], key=key)
+        rows = sorted(self.rows.values(), key=lambda r: r.get("ts") or 0.0, reverse=True)
+        for row in rows:
+            table.add_row(*render.list_cells(row, self.columns), key=row["id"])
+        if keep is not None and keep in self.rows:
+            table.move_cursor(row=table.get_row_index(keep), animate=False)
+
+    def reload(self) -> None:
+        """Start the list over from its first page (on start, and `g`: jump to the newest)."""
+        keep = self._cursor_id()
+        self.behind = 0
         self.source.reset()
         self.rows.clear()
         self.table.clear()
@@ -254,17 +307,20 @@ class InspectorApp(App[None]):
     def _append(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             self.rows[row["id"]] = row
-            self.table.add_row(*render.list_cells(row), key=row["id"])
+            self.table.add_row(*render.list_cells(row, self.columns), key=row["id"])
 
     def poll(self) -> None:
         """Pick up what the gateway wrote since the last look: new rows and finished ones."""
         if not self.screen_stack or not self._main.query("#requests"):  # shutting down
             return
         try:
-            fresh, overflow = self.source.newer()
+            fresh: list[dict[str, Any]] = []
+            overflow = False
+            if not self.behind and self.search is None:
+                fresh, overflow = self.source.newer()
             if overflow:
-                self.reload()
-                return
+                # Too many to insert above the user: say so, keep the list, stop following.
+                self.behind = 1
             if fresh:
                 if self.total is not None:
                     self.total += len(fresh)
@@ -277,15 +333,30 @@ class InspectorApp(App[None]):
         self._update_status()
 
     def _insert_newest(self, rows: list[dict[str, Any]]) -> None:
+        """New rows go above; the cursor stays on its request and that row where it was on screen."""
         table = self.table
         keep = self._cursor_id()
-        at_top = table.cursor_row <= 0
-        self._append(rows)
-        table.sort("time", key=lambda stamp: stamp.ts, reverse=True)
-        if keep is not None and not at_top:
-            table.move_cursor(row=table.get_row_index(keep), animate=False)
-        else:
+        # The cursor's line on screen; while a scroll from the last insert is pending, that one's.
+        offset = self._offset if self._offset is not None else table.cursor_row - int(table.scroll_y)
+        for row in rows:
+            self.rows[row["id"]] = row
+            table.add_row(*render.list_cells(row, self.columns), key=row["id"])
+        # Newest first by arrival; the id column (always shown) names the row.
+        ts_of = {rid: float(row.get("ts") or 0.0) for rid, row in self.rows.items()}
+        table.sort("id", key=lambda cell: ts_of.get(cell.plain.partition(" ")[0], 0.0), reverse=True)
+        if keep is None:
             table.move_cursor(row=0, animate=False)
+            return
+        new_row = table.get_row_index(keep)
+        table.move_cursor(row=new_row, animate=False, scroll=False)
+        # After the refresh: the table's height (and so how far it may scroll) grows with it.
+        self._offset = offset
+
+        def scroll() -> None:
+            self._offset = None
+            table.scroll_to(y=max(0, new_row - offset), animate=False, immediate=True)
+
+        self.call_after_refresh(scroll)
 
     def _refresh_inflight(self) -> None:
         pending = [rid for rid, row in self.rows.items() if not row.get("completed")]
@@ -297,13 +368,14 @@ class InspectorApp(App[None]):
             if row == self.rows.get(row["id"]):
                 continue
             self.rows[row["id"]] = row
-            for (key, _), cell in zip(render.LIST_COLUMNS, render.list_cells(row), strict=True):
+            for key, cell in zip(self.columns, render.list_cells(row, self.columns), strict=True):
                 table.update_cell(row["id"], key, cell)
 
     def _trim(self) -> None:
         table = self.table
         extra = len(self.rows) - self.max_rows
-        if extra <= 0 or table.row_count - extra <= table.cursor_row + self.source.page_size:
+        # Never the rows at or just below the cursor: what the user paged to stays.
+        if extra <= 0 or table.row_count - extra <= table.cursor_row + self._ahead:
             return
         ordered = sorted(self.rows, key=lambda rid: self.rows[rid].get("ts") or 0.0)
         dropped = ordered[:extra]
@@ -313,12 +385,16 @@ class InspectorApp(App[None]):
         self.source.forget(dropped)
 
     def _scrolled(self, _: float) -> None:
+        if not self.screen_stack:
+            return
         table = self.table
         if self.source.has_more and table.scroll_y >= table.max_scroll_y - self._ahead:
             self.load_more()
 
     @on(DataTable.RowHighlighted, "#requests")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if not self.screen_stack:  # a move queued just before shutdown
+            return
         if self.source.has_more and event.cursor_row >= self.table.row_count - self._ahead:
             self.load_more()
 
@@ -349,7 +425,10 @@ class InspectorApp(App[None]):
         total = "?" if self.total is None else str(self.total)
         more = " (more below)" if self.source.has_more else ""
         where = f"filter {self.source.query!r}" if self.source.query else "all requests"
-        self._status(Text(f"{shown} of {total} shown{more} · {where} · {self.journal_path}"))
+        text = Text(f"{shown} of {total} shown{more} · {where} · {self.journal_path}")
+        if self.behind:
+            text.append(" · a burst of new requests is not shown: g for the newest", style="bold yellow")
+        self._status(text)
 
     def _status(self, text: Text) -> None:
         self._main.query_one("#list-status", Static).update(text)
@@ -367,16 +446,53 @@ class InspectorApp(App[None]):
         self.apply_filter(event.value)
 
     def apply_filter(self, text: str) -> bool:
-        """Filter the list with a query; a bad one is reported in the bar and changes nothing."""
+        """Filter the list with a query, searched off the UI thread (see `Search`); a bad one
+        is reported in the bar and changes nothing. Returns whether the search started."""
         try:
-            self.source.set_query(text)
+            search = Search(self.journal_path, text.strip(), self.source.page_size)
         except QueryError as exc:
             self._filter_message(f"bad query: {exc}", bad=True)
             return False
-        self._filter_message(f"filter: {self.source.query}" if self.source.query else "", bad=False)
-        self.reload()
+        if self.search is not None:
+            self.search.cancel()
+        self.search = search
+        self._filter_message(f"searching {search.query!r}… (Esc cancels)" if search.query else "", bad=False)
         self.table.focus()
+        self.run_worker(self._run_search(search), group="search", exclusive=True)
         return True
+
+    async def _run_search(self, search: Search) -> None:
+        timer = self.set_interval(0.1, lambda: self._search_progress(search), name="search-progress")
+        try:
+            rows, total, has_more, looked = await asyncio.to_thread(search.run)
+        except (sqlite3.Error, JournalError) as exc:
+            if self.search is search and self.screen_stack:
+                self.search = None
+                if search.cancelled:
+                    self._filter_message(f"search for {search.query!r} cancelled; the list is unchanged", bad=False)
+                else:
+                    self._filter_message(f"search failed: {exc}", bad=True)
+            return
+        finally:
+            timer.stop()
+        if self.search is not search or not self.screen_stack:  # replaced meanwhile, or shutting down
+            return
+        self.search = None
+        keep = self._cursor_id()
+        self.behind = 0
+        self.source.adopt(search.query, rows, has_more, looked)
+        self.rows.clear()
+        self.table.clear()
+        self.total = total
+        self._append(rows)
+        if keep is not None and keep in self.rows:
+            self.table.move_cursor(row=self.table.get_row_index(keep))
+        self._filter_message(f"filter: {search.query}" if search.query else "", bad=False)
+        self._update_status()
+
+    def _search_progress(self, search: Search) -> None:
+        if self.search is search and self.screen_stack and self._main.query("#filter-status"):
+            self._filter_message(f"searching {search.query!r}… {search.steps}k steps (Esc cancels)", bad=False)
 
     # -- the detail view ------------------------------------------------------------------
 
@@ -399,10 +515,64 @@ class InspectorApp(App[None]):
         self._main.query_one("#filter", Input).focus()
 
     def action_escape(self) -> None:
-        if len(self.screen_stack) > 1:
+        if self.search is not None and len(self.screen_stack) == 1:
+            self.search.cancel()
+        elif len(self.screen_stack) > 1:
             self.pop_screen()
         elif isinstance(self.focused, Input):
             self.table.focus()
+
+    def action_newest(self) -> None:
+        """Start over from the newest page of the filter."""
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.reload()
+        self.table.move_cursor(row=0, animate=False)
+
+    def action_thread(self) -> None:
+        request_id = self.selected_id()
+        if request_id is None or isinstance(self.screen, ModalScreen):
+            return
+        self.run_worker(self._show_thread(request_id), group="thread", exclusive=True)
+
+    async def _show_thread(self, request_id: str) -> None:
+        def load() -> list[threads.Turn] | None:
+            with JournalReader(self.journal_path) as reader:
+                return threads.thread(reader, request_id)
+
+        try:
+            turns = await asyncio.to_thread(load)
+        except (sqlite3.Error, JournalError) as exc:
+            self.notify(f"cannot read the conversation: {exc}", severity="error")
+            return
+        title = f"conversation of {request_id}: {len(turns or [])} turns (t: close)"
+        await self.push_screen(TextModal(title, render.thread_view(turns or [], request_id), id="thread"))
+
+    def action_stats(self) -> None:
+        if isinstance(self.screen, ModalScreen):
+            return
+        self.run_worker(self._show_stats(self.source.query), group="stats", exclusive=True)
+
+    async def _show_stats(self, query: str) -> None:
+        def load() -> list[tuple[str, list[dict[str, Any]]]]:
+            with JournalReader(self.journal_path) as reader:
+                where, params = reader.compile(query)
+                return [
+                    (by, groups.compute(reader.connection, where, params, by=by)[:20])
+                    for by in ("model", "tenant", "key", "user", "worker")
+                ]
+
+        try:
+            tables = await asyncio.to_thread(load)
+        except (sqlite3.Error, JournalError, QueryError) as exc:
+            self.notify(f"cannot compute statistics: {exc}", severity="error")
+            return
+        parts: list[RenderableType] = []
+        for by, rows in tables:
+            parts += [Text(f"by {by}", style="bold"), render.stats_view(rows, by)]
+        body = Group(*parts)
+        where = f" matching {query!r}" if query else ""
+        await self.push_screen(TextModal(f"statistics of the requests{where}", body, id="stats"))
 
     def action_copy_id(self) -> None:
         request_id = self.selected_id()

@@ -7,7 +7,9 @@ newer than the newest one it has (`since_ts`), never the whole journal.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,13 @@ from journal.query import QueryError, compile_query
 from journal.reader import JournalReader
 from smg.projection import Reconstructed, reconstruct
 
-__all__ = ["QueryError", "RequestDetail", "RequestSource", "decode", "load_detail", "load_tokenizer"]
+__all__ = ["QueryError", "RequestDetail", "RequestSource", "Search", "decode", "load_detail", "load_tokenizer"]
 
 # A request whose summary row is committed a moment after a newer one's (the writer batches
 # concurrent requests) still lands inside this window of the live poll.
 _LATE_COMMIT_S = 2.0
+# At most this many new rows are taken in one live poll; a bigger burst is announced instead.
+FOLLOW_MAX = 2000
 
 
 class RequestSource:
@@ -31,15 +35,17 @@ class RequestSource:
     newest first: pages extend it at the old end, `newer` at the new end.
     """
 
-    def __init__(self, reader: JournalReader, page_size: int = 100) -> None:
-        if page_size < 1:
-            raise ValueError("page_size must be positive")
+    def __init__(self, reader: JournalReader, page_size: int = 100, follow_max: int = FOLLOW_MAX) -> None:
+        if page_size < 1 or follow_max < 1:
+            raise ValueError("page_size and follow_max must be positive")
+        self.follow_max = follow_max
         self.reader = reader
         self.page_size = page_size
         self.query = ""
         self.has_more = True
         self._ts: dict[str, float] = {}  # id -> ts of every row handed out
         self.newest_ts: float | None = None
+        self._looked = time.time()  # with nothing matching yet, only what arrives after this is new
 
     @property
     def loaded(self) -> int:
@@ -57,6 +63,15 @@ class RequestSource:
         self._ts.clear()
         self.has_more = True
         self.newest_ts = None
+        self._looked = time.time()
+
+    def adopt(self, query: str, rows: list[dict[str, Any]], has_more: bool, looked: float) -> None:
+        """Start over with a filter whose first page a `Search` read (at `looked`, wall clock)."""
+        self.query = query
+        self.reset()
+        self._looked = looked
+        self._take(rows)
+        self.has_more = has_more
 
     def count(self) -> int:
         return self.reader.count(self.query)
@@ -74,20 +89,28 @@ class RequestSource:
     def newer(self) -> tuple[list[dict[str, Any]], bool]:
         """Rows that arrived since the newest one handed out, oldest first.
 
-        Returns `(rows, overflow)`: at most one page; `overflow` means more than a page
-        arrived, and the caller should start over from the first page rather than follow.
+        Returns `(rows, overflow)`: at most `follow_max` rows; `overflow` means more than
+        that arrived, and the caller should offer to start over from the newest page rather
+        than follow. With nothing matching so far, only rows that arrived since the last look
+        are asked for (an index read), not the whole filter again.
         """
         if self.newest_ts is None:
             if self.loaded:
                 return [], False
-            self.has_more = True  # nothing matched so far: whatever matches now is page one
-            return self.next_page(), False
+            now = time.time()
+            since = self._looked - _LATE_COMMIT_S
+            rows = self.reader.list_requests(self.follow_max + 1, query=self.query, descending=False, since_ts=since)
+            if len(rows) > self.follow_max:
+                return [], True
+            self._looked = now
+            self._take(rows)
+            return rows, False
         since = self.newest_ts - _LATE_COMMIT_S
         in_window = sum(1 for ts in self._ts.values() if ts >= since)
-        limit = self.page_size + in_window + 1
+        limit = self.follow_max + in_window + 1
         rows = self.reader.list_requests(limit, query=self.query, descending=False, since_ts=since)
         fresh = [r for r in rows if r["id"] not in self._ts]
-        if len(fresh) > self.page_size or len(rows) >= limit:
+        if len(fresh) > self.follow_max or len(rows) >= limit:
             return [], True
         self._take(fresh)
         return fresh, False
@@ -114,6 +137,38 @@ class RequestSource:
             if row is not None:
                 out.append(row)
         return out
+
+
+class Search:
+    """A filter's first page and count, read on a connection of its own so that the caller can
+    run it off the UI thread, watch its progress and cancel it."""
+
+    def __init__(self, path: str | os.PathLike[str], query: str, page_size: int) -> None:
+        compile_query(query)  # a bad query fails here, before any thread
+        self.path = path
+        self.query = query
+        self.page_size = page_size
+        self.steps = 0  # thousands of SQLite VM steps so far
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Stop the search at its next step (`run` raises `sqlite3.OperationalError`)."""
+        self.cancelled = True
+
+    def _tick(self) -> int:
+        self.steps += 1
+        return 1 if self.cancelled else 0
+
+    def run(self) -> tuple[list[dict[str, Any]], int, bool, float]:
+        """`(first page, count, has_more, when)`; blocking, for a worker thread."""
+        looked = time.time()
+        reader = JournalReader(self.path)
+        try:
+            reader.connection.set_progress_handler(self._tick, 1000)
+            rows, total = reader.page(self.page_size, query=self.query, descending=True)
+        finally:
+            reader.close()
+        return rows, total, len(rows) == self.page_size, looked
 
 
 @dataclass

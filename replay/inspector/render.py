@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -23,8 +24,10 @@ MAX_SHOWN = 1024 * 1024
 LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("time", "time"),
     ("id", "id"),
+    ("flags", "≈"),
     ("model", "model"),
     ("backend", "backend"),
+    ("tenant", "tenant"),
     ("status", "status"),
     ("code", "code"),
     ("stop", "stop"),
@@ -33,6 +36,51 @@ LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("duration", "duration"),
 )
 """(column key, header) of the request list."""
+
+COLUMN_PRIORITY: tuple[str, ...] = (
+    "status", "id", "flags", "model", "duration", "time", "code", "stop", "tokens", "ttfe", "tenant", "backend",
+)  # fmt: skip
+"""The list's columns, most important first: a narrow terminal drops them from the end."""
+COLUMN_WIDTHS: dict[str, int] = {
+    "time": 18,
+    "id": 30,
+    "flags": 3,
+    "model": 18,
+    "backend": 8,
+    "tenant": 14,
+    "status": 6,
+    "code": 16,
+    "stop": 10,
+    "tokens": 9,
+    "ttfe": 8,
+    "duration": 9,
+}
+"""About how wide each column's cells are, for choosing the columns that fit."""
+
+
+def fitting_columns(width: int) -> list[str]:
+    """The keys of the columns that fit in `width` cells, by priority, in `LIST_COLUMNS` order."""
+    chosen: set[str] = set()
+    used = 0
+    for key in COLUMN_PRIORITY:
+        need = COLUMN_WIDTHS[key] + 2  # the table's cell padding
+        if chosen and used + need > width:
+            break
+        chosen.add(key)
+        used += need
+    return [key for key, _ in LIST_COLUMNS if key in chosen]
+
+
+def flags(row: dict[str, Any]) -> Text:
+    """One cell of markers: `~` streamed, `x` cut mid-stream, `h` the client hung up."""
+    text = Text()
+    if row.get("stream"):
+        text.append("~", "cyan")
+    if row.get("cut_mid_stream"):
+        text.append("x", "bold red")
+    elif row.get("hung_up"):
+        text.append("h", "yellow")
+    return text
 
 
 class Stamp:
@@ -47,20 +95,24 @@ class Stamp:
         return Text(clock(self.ts) if self.ts else "", style="dim")
 
 
-def list_cells(row: dict[str, Any]) -> list[Any]:
-    """The request list's cells for one summary row, in `LIST_COLUMNS` order."""
-    return [
-        Stamp(row.get("ts")),
-        _id_text(row),
-        Text(row.get("model") or ""),
-        Text(row.get("backend") or ""),
-        status_text(row),
-        Text(row.get("error_code") or "", style="yellow"),
-        Text(row.get("stop_reason") or ""),
-        Text(tokens(row), justify="right"),
-        Text(ms(row.get("ttfe_ms")), justify="right"),
-        Text(ms(row.get("duration_ms")), justify="right"),
-    ]
+def list_cells(row: dict[str, Any], keys: list[str] | None = None) -> list[Any]:
+    """The request list's cells for one summary row, for the columns `keys` (default: all,
+    in `LIST_COLUMNS` order)."""
+    cells: dict[str, Callable[[], Any]] = {
+        "time": lambda: Stamp(row.get("ts")),
+        "id": lambda: _id_text(row),
+        "flags": lambda: flags(row),
+        "model": lambda: Text(row.get("model") or ""),
+        "backend": lambda: Text(row.get("backend") or ""),
+        "tenant": lambda: Text(row.get("tenant") or "", style="dim"),
+        "status": lambda: status_text(row),
+        "code": lambda: Text(row.get("error_code") or "", style="yellow"),
+        "stop": lambda: Text(row.get("stop_reason") or ""),
+        "tokens": lambda: Text(tokens(row), justify="right"),
+        "ttfe": lambda: Text(ms(row.get("ttfe_ms")), justify="right"),
+        "duration": lambda: Text(ms(row.get("duration_ms")), justify="right"),
+    }
+    return [cells[key]() for key in (keys if keys is not None else [k for k, _ in LIST_COLUMNS])]
 
 
 def _id_text(row: dict[str, Any]) -> Text:
@@ -96,6 +148,13 @@ def header(row: dict[str, Any]) -> Text:
         parts.append(f"  tokens {tokens(row)}")
     if row.get("duration_ms") is not None:
         parts.append(f"  {ms(row['duration_ms'])}")
+    for key, label in (("tenant", "tenant"), ("session_id", "session"), ("trace_id", "trace")):
+        if row.get(key):
+            parts.append(f"  {label} {row[key]}")
+    if row.get("cut_mid_stream"):
+        parts.append(("  CUT MID-STREAM", "bold red"))
+    elif row.get("hung_up"):
+        parts.append(("  CLIENT HUNG UP", "yellow"))
     if row.get("replay_of"):
         parts.append((f"  replay of {row['replay_of']}", "magenta"))
     if row.get("bodies") not in (None, "full"):
@@ -254,3 +313,47 @@ def ms(value: float | None) -> str:
     if value is None:
         return ""
     return f"{value:.0f}ms" if value >= 10 else f"{value:.1f}ms"
+
+
+def thread_view(turns: list[Any], current: str) -> RenderableType:
+    """A conversation (`journal.threads.Turn`s, oldest first), the current request in bold."""
+    if not turns:
+        return Text("this request belongs to no conversation (no messages)", style="dim")
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("#", "id", "time", "status", "model", "in/out", "added"):
+        table.add_column(name, no_wrap=name != "added", overflow="fold")
+    for n, turn in enumerate(turns, 1):
+        row = turn.row
+        table.add_row(
+            str(n),
+            Text(str(row["id"]), style="bold reverse" if row["id"] == current else ""),
+            clock(row.get("ts")),
+            status_text(row),
+            row.get("model") or "",
+            tokens(row),
+            Text(turn.summary(), style="yellow" if turn.rewritten else ""),
+        )
+    return table
+
+
+def stats_view(rows: list[dict[str, Any]], by: str) -> RenderableType:
+    """`journal.groups.compute` rows (per group, no buckets) as a table."""
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column(by, no_wrap=True)
+    for name in ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "out"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        lat, ttft = row["latency_ms"], row["ttft_ms"]
+        table.add_row(
+            str(row["group"] if row["group"] is not None else "-"),
+            str(row["requests"]),
+            str(row["errors"]),
+            f"{row['error_rate']:.1%}",
+            str(row["hung_up"]),
+            ms(lat["p50"]),
+            ms(lat["p99"]),
+            ms(ttft["p50"]),
+            ms(ttft["p99"]),
+            str(row["tokens_out"]),
+        )
+    return table

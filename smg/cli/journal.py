@@ -1,10 +1,13 @@
 """`smg journal …`: read a journal from the terminal.
 
 `ls` (a filtered, sorted table of requests), `show` (one request: timeline, request, response),
-`tail` (requests as they complete), `export` (one request as curl, JSON or HAR) and `stats`
-(counts, errors, latency percentiles, token throughput). Every command opens the file
+`tail` (requests as they complete), `export` (one request as curl, JSON or HAR; many as HAR,
+JSON lines or OpenTelemetry spans), `stats` (counts, errors, latency percentiles, token
+throughput; per group and time bucket, or as a chart), `thread` (one conversation, turn by
+turn) and `diff` (two requests side by side). Every command opens the file
 read-only, so it works next to a running gateway. The pure parts live in `journal.export`,
-`journal.stats` and `journal.follow`; this module parses flags and renders.
+`journal.stats`, `journal.groups`, `journal.threads`, `journal.otlp`
+and `journal.follow`; this module parses flags and renders.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from journal import export as exporting
+from journal import groups, otlp, threads
 from journal import stats as statistics
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
 from journal.follow import Follower
@@ -68,17 +72,17 @@ def _open(path: str) -> JournalReader:
         _fail(str(exc))
 
 
-def _compile(query: str) -> tuple[str, list[Any]]:
-    """The query as SQL; a bad query is a usage error (exit 2)."""
+def _compile(query: str, reader: JournalReader | None = None) -> tuple[str, list[Any]]:
+    """The query as SQL (over the reader's file when given); a bad query is a usage error (exit 2)."""
     try:
-        return compile_query(query)
+        return reader.compile(query) if reader is not None else compile_query(query)
     except QueryError as exc:
         _fail(f"bad query {query!r}: {exc}", code=2)
 
 
 def _connection(reader: JournalReader) -> sqlite3.Connection:
     """The reader's read-only connection, for the SQL of `journal.stats` and `journal.follow`."""
-    return reader._conn
+    return reader.connection
 
 
 def _echo_json(value: Any) -> None:
@@ -102,8 +106,7 @@ def ls(
         _fail(f"--sort: no column {sort!r}; one of {', '.join(REQUEST_COLUMNS)}", code=2)
     with _open(journal) as reader:
         try:
-            rows = reader.list_requests(limit, query=query, offset=offset, order=sort, descending=not asc)
-            total = reader.count(query) if not as_json else len(rows)
+            rows, total = reader.page(limit, query=query, offset=offset, order=sort, descending=not asc)
         except QueryError as exc:
             _fail(f"bad query {query!r}: {exc}", code=2)
     if as_json:
@@ -190,7 +193,7 @@ def tail(
     ] = None,
 ) -> None:
     """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
-    where, params = _compile(query)
+    _compile(query)  # a bad query fails before waiting for the file
     deadline = None if timeout is None else time.monotonic() + timeout
     err = Console(stderr=True)
     out = Console(highlight=False)
@@ -199,6 +202,7 @@ def tail(
         if reader is None:
             return
         with reader:
+            where, params = _compile(query, reader)
             follower = Follower(_connection(reader), where, params)
             err.print(f"[dim]following {escape(journal)}{escape(f' for {query!r}') if query else ''}…[/]")
             shown = 0
@@ -270,28 +274,53 @@ class ExportFormat(enum.StrEnum):
     curl = "curl"
     json = "json"
     har = "har"
+    jsonl = "jsonl"
+    otlp = "otlp"
+
+
+_MANY = frozenset({ExportFormat.har, ExportFormat.jsonl, ExportFormat.otlp})
 
 
 @journal_app.command("export")
 def export(
-    request_id: Annotated[
-        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
-    ],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A request id (the gateway's, a unique prefix of it, or a client's unique id); for har, jsonl and "
+            "otlp, else a query selecting many requests (default: all).",
+            show_default=False,
+        ),
+    ] = "",
     journal: JournalOpt = DEFAULT_PATH,
     fmt: Annotated[
         ExportFormat,
         typer.Option(
             "--as",
             help="curl: a command that sends the request again (keys from $SMG_API_KEY / $ANTHROPIC_API_KEY); "
-            "json: summary, events and response; har: an HTTP Archive 1.2 log.",
+            "json: summary, events and response; har: an HTTP Archive 1.2 log; jsonl: one JSON document "
+            "per request and line; otlp: OpenTelemetry spans per stage, one OTLP/JSON export request per line.",
         ),
     ] = ExportFormat.json,
     url: Annotated[
         str, typer.Option("--url", help="The gateway's base URL, for curl and HAR.")
     ] = exporting.DEFAULT_BASE_URL,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many requests (a query).")] = 10_000,
 ) -> None:
-    """Print one request as a curl command, a JSON document or a HAR log."""
-    row, raw, events = _load(journal, request_id)
+    """Print one request as a curl command, a JSON document or a HAR log; or the requests a
+    query selects, oldest first, as HAR, JSON lines or OpenTelemetry spans."""
+    with _open(journal) as reader:
+        try:
+            single = reader.get_request(target) if target else None
+        except JournalError as exc:
+            if fmt not in _MANY:
+                _fail(str(exc))
+            single = None
+        if single is None and fmt in _MANY:
+            _export_many(reader, target, fmt, url, limit)
+            return
+    if not target:
+        _fail(f"--as {fmt.value} exports one request: name it")
+    row, raw, events = _load(journal, target)
     if row.get("bodies") not in (None, "full"):
         Console(stderr=True).print(
             f"[yellow]warning:[/] {escape(row['id'])} was journaled with bodies {escape(str(row['bodies']))}:"
@@ -301,6 +330,11 @@ def export(
     if fmt is ExportFormat.json:
         response, why = _reconstruct(events)
         _echo_json(exporting.as_json(row, raw, response, response_error=why))
+    elif fmt is ExportFormat.jsonl:
+        response, why = _reconstruct(events)
+        typer.echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
+    elif fmt is ExportFormat.otlp:
+        typer.echo(orjson.dumps(otlp.spans(row, raw)).decode())
     elif received is None:
         _fail(f"request {row['id']} has no `received` event to export")
     elif fmt is ExportFormat.curl:
@@ -310,21 +344,180 @@ def export(
         _echo_json(exporting.as_har(events, response, url, creator_version=_version()))
 
 
+def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str, limit: int) -> None:
+    try:
+        rows = reader.list_requests(limit, query=query, descending=False)
+    except QueryError as exc:
+        _fail(f"{query!r} is neither a request id nor a good query: {exc}", code=2)
+    known = set(event_kinds())
+    har: dict[str, Any] | None = None
+    for row in rows:
+        raw = reader.raw_events(row["id"])
+        if fmt is ExportFormat.otlp:
+            typer.echo(orjson.dumps(otlp.spans(row, raw)).decode())
+            continue
+        events = [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
+        response, why = _reconstruct(events)
+        if fmt is ExportFormat.jsonl:
+            typer.echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
+        elif any(isinstance(e, Received) for e in events):
+            log = exporting.as_har(events, response, url, creator_version=_version())
+            if har is None:
+                har = log
+            else:
+                har["log"]["entries"].extend(log["log"]["entries"])
+    if fmt is ExportFormat.har:
+        _echo_json(har if har is not None else {"log": {"version": "1.2", "creator": {"name": "smg"}, "entries": []}})
+
+
 @journal_app.command("stats")
 def stats(
     query: QueryArg = "",
     journal: JournalOpt = DEFAULT_PATH,
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help=f"Per group: {', '.join(groups.GROUPS)}.", show_default=False),
+    ] = None,
+    every: Annotated[
+        str | None, typer.Option("--every", help="Per time bucket of this width: 1m, 1h, 1d.", show_default=False)
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            help="Chart one series per bucket (default --every 1m): requests, errors, error_rate, latency_p99, "
+            "ttft_p50, tokens_out, …",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Counts, error codes, stop reasons, latency percentiles and token throughput of QUERY."""
-    where, params = _compile(query)
+    """Counts, error codes, stop reasons, latency percentiles and token throughput of QUERY;
+    with --by and/or --every, the same per group and time bucket."""
+    _compile(query)
+    if by is not None and by not in groups.GROUPS:
+        _fail(f"--by: no group {by!r}; one of {', '.join(groups.GROUPS)}", code=2)
+    try:
+        width = groups.parse_every(every) if every is not None else (60 if plot else None)
+        if plot is not None:
+            groups.series([_EMPTY_GROUP], plot)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    if by is not None or width is not None:
+        with _open(journal) as reader:
+            where, params = _compile(query, reader)
+            rows = groups.compute(_connection(reader), where, params, by=by, every=width)
+            overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
+            points = groups.series(overall, plot) if plot else []
+        if as_json:
+            _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
+            return
+        console = Console()
+        if plot:
+            console.print(_plot(points, plot, width or 60, query))
+        else:
+            console.print(_groups_table(rows, by, width, query, journal))
+        return
     with _open(journal) as reader:
+        where, params = _compile(query, reader)
         numbers = statistics.compute(_connection(reader), where, params)
     if as_json:
         _echo_json(numbers)
         return
     console = Console()
     console.print(_stats_view(numbers, query, journal))
+
+
+@journal_app.command("thread")
+def thread_cmd(
+    request_id: Annotated[str, typer.Argument(help="Any request of the conversation (id, unique prefix, client id).")],
+    journal: JournalOpt = DEFAULT_PATH,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many turns.")] = 500,
+    as_json: JsonOpt = False,
+) -> None:
+    """The requests of one conversation, oldest first, with what each turn added.
+
+    A conversation is the requests with the same session header (Claude Code's
+    x-claude-code-session-id), else with the same start: system prompt and first message.
+    """
+    with _open(journal) as reader:
+        try:
+            turns = threads.thread(reader, request_id, limit)
+        except JournalError as exc:
+            _fail(str(exc))
+    if turns is None:
+        _fail(f"no request {request_id!r} with a conversation in {journal}")
+    if as_json:
+        _echo_json(
+            [
+                {"request": t.row, "messages": t.messages, "added": t.added, "history_rewritten": t.rewritten}
+                for t in turns
+            ]
+        )
+        return
+    key = turns[0].row["thread_key"] if turns else ""
+    table = Table(title=f"{len(turns)} turns of conversation {key} ({journal})", title_justify="left")
+    for name, right in (("#", True), ("id", False), ("time", False), ("status", True), ("model", False)):
+        table.add_column(name, justify="right" if right else "left", no_wrap=True)
+    table.add_column("in/out", justify="right", no_wrap=True)
+    table.add_column("added", overflow="fold", min_width=30)
+    for n, turn in enumerate(turns, 1):
+        row = turn.row
+        style = "bold" if row["id"] == request_id or row.get("client_id") == request_id else ""
+        table.add_row(
+            str(n),
+            Text(row["id"], style=style),
+            _clock(row["ts"]),
+            _status(row),
+            row["model"] or "",
+            _tokens(row),
+            Text(turn.summary(), style="yellow" if turn.rewritten else ""),
+        )
+    Console().print(table)
+
+
+@journal_app.command("diff")
+def diff_cmd(
+    left: Annotated[str, typer.Argument(help="The first request (id, unique prefix, client id).")],
+    right: Annotated[str, typer.Argument(help="The second request.")],
+    journal: JournalOpt = DEFAULT_PATH,
+    as_json: JsonOpt = False,
+) -> None:
+    """A structural diff of two requests: summary fields, the request bodies, and the
+    responses the clients got (as replay compares a request and its replay)."""
+    from replay.diff import Difference, render
+    from replay.diff import diff as diff_responses
+
+    sides = [_load(journal, rid) for rid in (left, right)]
+    (row_a, _, events_a), (row_b, _, events_b) = sides
+    fields = ("model", "backend", "worker", "status", "error_code", "stop_reason", "input_tokens", "output_tokens")
+    summary = [Difference(f, row_a[f], row_b[f]) for f in fields if row_a[f] != row_b[f]]
+    with _open(journal) as reader:
+        bodies = threads.json_diff(threads.request_body(reader, row_a["id"]), threads.request_body(reader, row_b["id"]))
+    request = [Difference(path, x, y) for path, x, y in bodies]
+    (resp_a, why_a), (resp_b, why_b) = _reconstruct(events_a), _reconstruct(events_b)
+    if resp_a is not None and resp_b is not None:
+        response = diff_responses(resp_a, resp_b, text=True)
+    else:
+        response = [Difference("response", why_a, why_b)]
+    if as_json:
+        _echo_json(
+            {
+                "left": row_a["id"],
+                "right": row_b["id"],
+                **{
+                    name: [vars(d) for d in part]
+                    for name, part in (("summary", summary), ("request", request), ("response", response))
+                },
+            }
+        )
+        return
+    console = Console()
+    for name, part in (("summary", summary), ("request body", request), ("response", response)):
+        if part:
+            console.print(render(part, left=row_a["id"], right=row_b["id"], title=name))
+        else:
+            console.print(Text(f"{name}: the same", style="green"))
 
 
 @journal_app.command("prune")
@@ -436,6 +629,75 @@ def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
         f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)",
     )
     return Group(head, counts, latency, tokens)
+
+
+_EMPTY_GROUP: dict[str, Any] = {
+    "group": None,
+    "bucket": None,
+    "requests": 0,
+    "errors": 0,
+    "error_rate": 0.0,
+    "hung_up": 0,
+    "latency_ms": {"count": 0, "p50": None, "p90": None, "p99": None},
+    "ttft_ms": {"count": 0, "p50": None, "p90": None, "p99": None},
+    "tokens_in": 0,
+    "tokens_out": 0,
+}
+
+
+def _bucket_label(bucket: Any, width: int | None) -> str:
+    if bucket is None:
+        return "-"
+    fmt = "%Y-%m-%d" if width and width >= 86400 else "%m-%d %H:%M" if width and width >= 60 else "%m-%d %H:%M:%S"
+    return time.strftime(fmt, time.localtime(bucket))
+
+
+def _groups_table(rows: list[dict[str, Any]], by: str | None, width: int | None, query: str, journal: str) -> Table:
+    what = " and ".join(p for p in (f"by {by}" if by else "", f"every {width}s" if width else "") if p)
+    table = Table(title=f"requests{f' matching {query!r}' if query else ''} {what} ({journal})", title_justify="left")
+    if width:
+        table.add_column("time", no_wrap=True)
+    if by:
+        table.add_column(by, no_wrap=True)
+    for name in ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "in", "out"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        lat, ttft = row["latency_ms"], row["ttft_ms"]
+        cells = [_bucket_label(row["bucket"], width)] if width else []
+        cells += [str(row["group"] if row["group"] is not None else "-")] if by else []
+        cells += [
+            str(row["requests"]),
+            str(row["errors"]),
+            f"{row['error_rate']:.1%}",
+            str(row["hung_up"]),
+            _num(lat["p50"]),
+            _num(lat["p99"]),
+            _num(ttft["p50"]),
+            _num(ttft["p99"]),
+            str(row["tokens_in"]),
+            str(row["tokens_out"]),
+        ]
+        table.add_row(*cells)
+    return table
+
+
+_BARS = " ▏▎▍▌▋▊▉█"
+
+
+def _plot(points: list[tuple[Any, float | None]], metric: str, width: int, query: str) -> Group:
+    """One horizontal bar per bucket, scaled to the largest value."""
+    top = max((v for _, v in points if v is not None), default=0.0)
+    lines = [Text(f"{metric} every {width}s{f' for {query!r}' if query else ''} (max {_num(top)})", style="bold")]
+    span = 50
+    for bucket, value in points:
+        label = f"{_bucket_label(bucket, width):>14} "
+        if value is None:
+            lines.append(Text(label + "-", style="dim"))
+            continue
+        eighths = round(value / top * span * 8) if top > 0 else 0
+        bar = "█" * (eighths // 8) + (_BARS[eighths % 8] if eighths % 8 else "")
+        lines.append(Text.assemble(label, (bar, "cyan"), f" {_num(value)}"))
+    return Group(*lines)
 
 
 def _count_table(title: str, counts: dict[Any, int], total: int) -> Table:

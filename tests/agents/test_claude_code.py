@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from journal import threads
 from journal.events import Block, Event, Received
 from journal.reader import JournalReader
 from tests.agents.conftest import MODEL, QWEN3
@@ -201,6 +202,17 @@ def test_claude_code_runs_a_bash_tool_loop(
     assert [b["tool_use_id"] for b in tool_results] == [uses[0]["id"]]
     assert MARKER in json.dumps(tool_results[0].get("content"))
     assert second["stop_reason"] == "end_turn"
+
+    # The two turns are one conversation, and the second added the tool call and its result.
+    with JournalReader(agent_journal) as reader:
+        turns = threads.thread(reader, second["id"])
+    assert turns is not None and first["thread_key"] == second["thread_key"]
+    by_id = {turn.id: turn for turn in turns}
+    assert [t.id for t in turns].index(first["id"]) < [t.id for t in turns].index(second["id"])
+    step = by_id[second["id"]]
+    assert not step.rewritten, step.summary()
+    added = [b.get("type") for m in step.added if isinstance(m.get("content"), list) for b in m["content"]]
+    assert "tool_use" in added and "tool_result" in added, step.added
 
     # The engine saw the tool call and its result rendered back into the prompt, as Qwen3 has them.
     prompts = engine_prompts(agent_control)

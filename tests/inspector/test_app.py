@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -12,9 +13,12 @@ from textual.coordinate import Coordinate
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
+from journal.events import Received
 from journal.reader import JournalReader
-from replay.inspector import InspectorApp
+from journal.writer import JournalWriter
+from replay.inspector import InspectorApp, render
 from replay.inspector.app import DetailScreen, TextModal
+from replay.inspector.data import Search
 from tests.inspector.conftest import SECRET, T0, relay_ok, sample_requests, text, write_journal
 
 SIZE = (200, 50)
@@ -308,20 +312,41 @@ async def test_new_requests_appear_live(tmp_path: Path) -> None:
         assert app.source.loaded == 12
 
 
-async def test_more_than_a_page_arriving_restarts_from_the_newest_page(tmp_path: Path) -> None:
+async def test_a_burst_goes_in_above_and_the_cursor_stays_on_its_request(tmp_path: Path) -> None:
     journal = await write_journal(tmp_path / "burst.db", sample_requests(fillers=10))
     app = InspectorApp(journal, page_size=5, refresh_s=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("down", "down")
-        assert app.table.row_count == 5
+        assert app.table.row_count == 5 and app.selected_id() == "req_failed"
         burst = {f"req_burst_{i}": relay_ok(T0 + 100 + i) for i in range(8)}
         await write_journal(journal, burst)
         for _ in range(100):
             await pilot.pause(0.05)
             if ids_in(app)[0] == "req_burst_7":
                 break
-        assert ids_in(app) == [f"req_burst_{i}" for i in (7, 6, 5, 4, 3)]
-        assert "5 of 23 shown (more below)" in static_text(app, "#list-status")
+        assert ids_in(app)[:9] == [*(f"req_burst_{i}" for i in range(7, -1, -1)), "req_replay"]
+        assert app.selected_id() == "req_failed"  # more than a page arrived: nothing reloaded under the cursor
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailScreen) and app.screen.detail.id == "req_failed"
+
+
+async def test_a_burst_too_large_to_follow_is_announced_not_loaded(tmp_path: Path) -> None:
+    journal = await write_journal(tmp_path / "flood.db", sample_requests(fillers=10))
+    app = InspectorApp(journal, page_size=5, refresh_s=0.05, follow_max=6)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down")
+        before = ids_in(app)
+        await write_journal(journal, {f"req_flood_{i}": relay_ok(T0 + 100 + i) for i in range(8)})
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.behind:
+                break
+        assert app.behind and ids_in(app) == before and app.selected_id() == "req_grpc"
+        assert "g for the newest" in static_text(app, "#list-status")
+        await pilot.press("g")
+        await pilot.pause()
+        assert ids_in(app)[0] == "req_flood_7" and not app.behind
 
 
 async def test_following_drops_the_oldest_rows_past_max_rows(tmp_path: Path) -> None:
@@ -425,3 +450,121 @@ async def test_real_traffic(real_journal: dict[str, Any]) -> None:
         assert "no differences" in static_text(app, "#modal-body")
         await pilot.press("escape", "y")
         assert app.clipboard == real_journal["grpc"]
+
+
+async def test_the_cursor_stays_on_its_request_while_a_writer_adds_100_a_second(tmp_path: Path) -> None:
+    journal = await write_journal(tmp_path / "load.db", sample_requests(fillers=30))
+    app = InspectorApp(journal, page_size=20, refresh_s=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "down", "down")
+        anchored = app.selected_id()
+        assert anchored == "req_rejected"
+        await pilot.press("end")  # a second page, loaded by the user: it must stay
+        await pilot.pause()
+        await pilot.press("home", "down", "down", "down")
+        loaded = ids_in(app)
+        assert len(loaded) == 35 and app.selected_id() == anchored
+        writer = JournalWriter(journal)
+        await writer.start()
+
+        async def produce() -> None:
+            n = 0
+            for _ in range(20):  # two seconds at 100 requests a second
+                for _ in range(10):
+                    for seq, event in enumerate(relay_ok(T0 + 1000 + n * 0.01), start=1):
+                        await writer.append(f"req_load_{n:04d}", seq, event)
+                    n += 1
+                await writer.flush()
+                await asyncio.sleep(0.1)
+
+        task = asyncio.create_task(produce())
+        seen: set[str | None] = set()
+        try:
+            while not task.done():
+                await pilot.pause(0.05)
+                seen.add(app.selected_id())
+            await task
+        finally:
+            await writer.close()
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if "req_load_0199" in app.rows:
+                break
+        await pilot.pause(0.2)
+        assert seen == {anchored}  # at every look the cursor held the same request
+        table = app.table
+        assert table.scroll_y <= table.cursor_row < table.scroll_y + table.scrollable_content_region.height
+        ids = ids_in(app)
+        assert ids[0] == "req_load_0199" and len(ids) == 235
+        assert ids[200:] == loaded  # nothing reloaded, the user's second page kept
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailScreen) and app.screen.detail.id == anchored
+
+
+async def test_columns_give_way_by_priority_on_a_narrow_terminal(sample_journal: Path) -> None:
+    app = InspectorApp(sample_journal, refresh_s=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        shown = [key.value for key in app.table.columns]
+        assert shown[:0] == [] and {"status", "id", "flags", "model"} <= set(shown)
+        assert "backend" not in shown and "tenant" not in shown
+        assert sum(render.COLUMN_WIDTHS[k] + 2 for k in shown) <= 80
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert [key.value for key in app.table.columns] == [k for k, _ in render.LIST_COLUMNS]
+        assert ids_in(app) == ["req_replay", "req_grpc", "req_failed", "req_rejected", "req_relay"]
+
+
+async def test_the_detail_header_stays_pinned(sample_journal: Path) -> None:
+    app = InspectorApp(sample_journal, refresh_s=0)
+    async with app.run_test(size=(100, 16)) as pilot:
+        screen = await open_request(app, pilot, "req_grpc")
+        header = screen.query_one("#detail-header", Static)
+        top = header.region.y
+        timeline = screen.query_one("#timeline-table", DataTable)
+        timeline.move_cursor(row=timeline.row_count - 1)  # the end of a timeline longer than the screen
+        await pilot.pause()
+        assert timeline.scroll_y > 0
+        assert header.region.y == top and screen.scroll_y == 0
+        assert "req_grpc" in static_text(app, "#detail-header")
+
+
+async def test_t_shows_the_conversation_and_s_the_stats(tmp_path: Path) -> None:
+    turns: dict[str, list[Any]] = {}
+    history: list[dict[str, Any]] = []
+    for n, said in enumerate(("first question", "second question")):
+        history.append({"role": "user", "content": said})
+        events = relay_ok(T0 + n)
+        received = events[0]
+        assert isinstance(received, Received)
+        received.headers = {**received.headers, "x-claude-code-session-id": "cc-9"}
+        received.body = json.dumps({"model": "claude-relay", "max_tokens": 8, "messages": list(history)})
+        turns[f"req_turn_{n}"] = events
+        history.append({"role": "assistant", "content": "ok"})
+    journal = await write_journal(tmp_path / "thread.db", turns)
+    app = InspectorApp(journal, refresh_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")
+        await settle(app, pilot)
+        assert isinstance(app.screen, TextModal) and app.screen.id == "thread"
+        shown = static_text(app, "#modal-body")
+        assert "req_turn_0" in shown and "req_turn_1" in shown and "second question" in shown
+        await pilot.press("escape", "s")
+        await settle(app, pilot)
+        assert isinstance(app.screen, TextModal) and app.screen.id == "stats"
+        assert "by model" in static_text(app, "#modal-body") and "claude-relay" in static_text(app, "#modal-body")
+
+
+async def test_a_search_can_be_cancelled(tmp_path: Path) -> None:
+    journal = await write_journal(tmp_path / "big.db", sample_requests(fillers=300))
+    search = Search(journal, '!"from the replay"', 10)
+    rows, total, more, _ = search.run()
+    assert len(rows) == 10 and total == 304 and more and search.steps > 0
+    cancelled = Search(journal, '!"from the replay"', 10)
+    cancelled.cancel()
+    try:
+        cancelled.run()
+    except sqlite3.OperationalError as exc:
+        assert "interrupt" in str(exc)
+    else:
+        raise AssertionError("a cancelled search ran to its end")

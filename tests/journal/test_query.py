@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal import schema
+from journal import schema, search
 from journal.query import FIELDS, QueryError, compile_query
 from journal.reader import JournalReader
 
@@ -71,14 +72,35 @@ def journal_of(rows: list[Row]) -> Iterator[Path]:
                     "INSERT INTO events VALUES (?, ?, ?, 0.0, ?)",
                     [(row.values["id"], seq, kind, data) for seq, (kind, data) in enumerate(row.events, 1)],
                 )
+                # The text index holds the searched events' text, as the writer gathers it.
+                search.write_text(conn, [(indexed_text(row), row.values["id"])])
             conn.execute("COMMIT")
         finally:
             conn.close()
         yield path
 
 
-def select_ids(path: Path, query: str, now: float = NOW) -> set[str]:
-    where, params = compile_query(query, now=now)
+def strings(value: Any) -> list[str]:
+    """Every string in a JSON value, strings that hold JSON looked into too."""
+    if isinstance(value, str):
+        try:
+            inner = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return [value]
+        return strings(inner) if isinstance(inner, dict | list) else [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in strings(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in strings(v)]
+    return []
+
+
+def indexed_text(row: Row) -> str:
+    return "\n".join(t for kind, data in row.events if kind in SEARCHED for t in strings(orjson.loads(data)))
+
+
+def select_ids(path: Path, query: str, now: float = NOW, *, indexed: bool = False) -> set[str]:
+    where, params = compile_query(query, now=now, indexed=indexed)
     conn = sqlite3.connect(path)
     try:
         return {r[0] for r in conn.execute(f"SELECT id FROM requests WHERE {where}", params)}
@@ -110,6 +132,10 @@ STRING_COLUMNS = {
     "type": "error_type",
     "stop": "stop_reason",
     "client_id": "client_id",
+    "user": "user_id",
+    "session": "session_id",
+    "key": "key_fp",
+    "thread": "thread_key",
 }
 NUMBER_COLUMNS = {
     "status": "status",
@@ -118,9 +144,11 @@ NUMBER_COLUMNS = {
     "dur": "duration_ms",
     "in": "input_tokens",
     "out": "output_tokens",
+    "turns": "turns",
 }
 UNITS = {"": 1.0, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
 AGO = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+FLAG_COLUMNS = {"hung_up": "hung_up", "cut": "cut_mid_stream"}
 SEARCHED = {"received", "upstream", "block", "error", "rejected"}
 
 
@@ -160,9 +188,8 @@ def term_matches(row: Row, field: str, op: str, value: str) -> bool:
             return False
         hit = glob_matches(value, actual) if "*" in value else actual == value
         return hit if op == "=" else not hit
-    if field == "trace":  # the trace id its `received` event carries
-        wanted = value.lower()
-        return any(kind == "received" and orjson.loads(data).get("trace_id") == wanted for kind, data in row.events)
+    if field == "trace":  # the indexed column, filled from the `received` event's trace id
+        return v.get("trace_id") is not None and v["trace_id"] == value.lower()
     if field == "id":  # the gateway's id or the client's
         ids = [i for i in (v["id"], v.get("client_id")) if i is not None]
         return any(glob_matches(value, i) if "*" in value else i.startswith(value) for i in ids)
@@ -178,15 +205,33 @@ def term_matches(row: Row, field: str, op: str, value: str) -> bool:
     if field == "has":
         if value == "error":
             return (v.get("status") or 0) >= 400 or v.get("error_type") is not None or v.get("error_code") is not None
-        return bool(v.get(f"has_{value}"))
-    if field == "stream":
-        return v.get("stream") == (1 if value in ("yes", "true") else 0)
+        return bool(v.get(FLAG_COLUMNS.get(value, f"has_{value}")))
+    if field in ("stream", *FLAG_COLUMNS):
+        return v.get(FLAG_COLUMNS.get(field, field)) == (1 if value in ("yes", "true") else 0)
     if field == "replay":
         return (v.get("replay_of") is not None) == (value in ("yes", "true"))
     ts: float | None = v.get("ts")
     if ts is None:
         return False
     return ts >= moment(value) if field == "since" else ts < moment(value)
+
+
+def words(text: str) -> list[str]:
+    """Words as the index's unicode61 tokenizer (remove_diacritics 2) sees them."""
+    folded = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if not unicodedata.combining(c))
+    return re.findall(r"[^\W_]+", folded)
+
+
+def indexed_matches(row: Row, text: str, quoted: bool) -> bool:
+    doc, phrase = words(indexed_text(row)), words(text)
+    if not phrase:
+        return text_matches(row, text)  # no word to look up: the query scans, as on an older file
+    n = len(phrase)
+    for i in range(len(doc) - n + 1):
+        head, last = doc[i : i + n - 1], doc[i + n - 1]
+        if head == phrase[:-1] and (last == phrase[-1] or (not quoted and last.startswith(phrase[-1]))):
+            return True
+    return False
 
 
 def text_matches(row: Row, text: str) -> bool:
@@ -224,16 +269,18 @@ class Paren:
     item: Any
 
 
-def evaluate(node: Any, row: Row) -> bool:
+def evaluate(node: Any, row: Row, indexed: bool = False) -> bool:
     if isinstance(node, Term):
         return any(term_matches(row, node.field, op, value) for op, value in node.alts)
     if isinstance(node, Text):
+        if indexed:
+            return indexed_matches(row, node.text, quoted=not bare_ok(node.text))
         return text_matches(row, node.text)
     if isinstance(node, Not):
-        return not evaluate(node.item, row)
+        return not evaluate(node.item, row, indexed)
     if isinstance(node, Paren):
-        return evaluate(node.item, row)
-    results = [evaluate(item, row) for item in node.items]
+        return evaluate(node.item, row, indexed)
+    results = [evaluate(item, row, indexed) for item in node.items]
     return all(results) if node.op == "and" else any(results)
 
 
@@ -333,6 +380,14 @@ def rows(draw: st.DrawFn) -> list[Row]:
             "completed": draw(st.sampled_from([0, 1])),
             "has_tool_use": draw(st.sampled_from([0, 1])),
             "has_thinking": draw(st.sampled_from([0, 1])),
+            "trace_id": draw(st.sampled_from([None, *TRACES])),
+            "user_id": draw(maybe_word),
+            "session_id": draw(maybe_word),
+            "key_fp": draw(st.sampled_from([None, "0f2c10bf3d12", "a1b2c3d4e5f6"])),
+            "thread_key": draw(maybe_word),
+            "turns": draw(st.sampled_from([None, 0, 1, 3, 12])),
+            "hung_up": draw(st.sampled_from([0, 1])),
+            "cut_mid_stream": draw(st.sampled_from([0, 1])),
         }
         events = [
             (
@@ -365,7 +420,10 @@ def term(draw: st.DrawFn) -> Term:
     alts = []
     for i in range(n):
         op = ""
-        if field in STRING_COLUMNS:
+        if field == "key":
+            value = draw(st.sampled_from(["0f2c10bf3d12", "0f2c*", "*d12", "a1b2c3d4e5f6"]))
+            op = draw(st.sampled_from(["", "=", "!="]))
+        elif field in STRING_COLUMNS:
             value = draw(st.one_of(st.sampled_from(WORDS), glob()))
             op = draw(st.sampled_from(["", "=", "!="]))
             if i > 0 and not bare_ok(value):
@@ -379,14 +437,17 @@ def term(draw: st.DrawFn) -> Term:
         elif field in ("ttft", "ttfe", "dur"):
             value = draw(st.sampled_from(["0", "0.5", "999", "1000ms", "1s", "1.5s", "2s", "1m", "1.5m", "2000"]))
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
+        elif field == "turns":
+            value = draw(st.sampled_from(["0", "1", "3", "12"]))
+            op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field in ("in", "out"):
             value = draw(st.sampled_from(["0", "1", "999", "1000", "1k", "1.5k", "12k", "12000"]))
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field == "has":
-            value = draw(st.sampled_from(["tool_use", "thinking", "error"]))
+            value = draw(st.sampled_from(["tool_use", "thinking", "error", "hung_up", "cut"]))
         elif field == "trace":
             value = draw(st.sampled_from([*TRACES, TRACES[0].upper()]))
-        elif field in ("stream", "replay"):
+        elif field in ("stream", "replay", "hung_up", "cut"):
             value = draw(st.sampled_from(["yes", "no", "true", "false"]))
         else:
             value = draw(st.sampled_from(["90s", "15m", "1h", "2h", "1d", "2d", "1w"]))
@@ -414,6 +475,17 @@ def test_compiled_queries_select_what_the_python_filter_selects(table: list[Row]
             text = render(tree)
             expected = {row.values["id"] for row in table if evaluate(tree, row)}
             assert select_ids(path, text) == expected, text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows(), st.lists(trees, min_size=1, max_size=8))
+def test_indexed_queries_select_what_the_python_filter_selects(table: list[Row], queries: list[Any]) -> None:
+    # Free text through the full-text index: words and phrases, bare words as prefixes.
+    with journal_of(table) as path:
+        for tree in queries:
+            text = render(tree)
+            expected = {row.values["id"] for row in table if evaluate(tree, row, indexed=True)}
+            assert select_ids(path, text, indexed=True) == expected, text
 
 
 @settings(max_examples=300, deadline=None)

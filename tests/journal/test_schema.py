@@ -15,12 +15,12 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 3
-        assert schema.schema_version(conn) == 3
+        assert schema.SCHEMA_VERSION == 4
+        assert schema.schema_version(conn) == 4
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"events", "requests"} <= tables
+        assert {"events", "requests", "request_text"} <= tables
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {
             "requests_ts",
@@ -34,6 +34,13 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_duration_ms",
             "requests_ttfe_ms",
             "requests_client_id",
+            "requests_trace_id_ts",
+            "requests_user_id_ts",
+            "requests_session_id_ts",
+            "requests_key_fp_ts",
+            "requests_thread_key_ts",
+            "requests_hung_up_ts",
+            "requests_cut_mid_stream_ts",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
@@ -158,3 +165,42 @@ async def test_a_version_two_journal_keyed_by_client_ids_reads_and_migrates(tmp_
         assert [e.kind for _, e in events] == ["received", "completed"]
         received_event = events[0][1]
         assert isinstance(received_event, Received) and received_event.echoed_id == "client-7"
+
+
+def test_a_version_three_journal_gets_its_search_columns_and_text_from_its_events(tmp_path: Path) -> None:
+    import orjson
+
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn, schema.MIGRATIONS[:3])
+    body = {"model": "m", "metadata": {"user_id": "u-7"}, "messages": [{"role": "user", "content": "zebra crossing"}]}
+    received = {
+        "method": "POST",
+        "path": "/v1/messages",
+        "headers": {"x-claude-code-session-id": "s-1", "x-api-key": "[redacted sha256:0123456789ab]"},
+        "body": orjson.dumps(body).decode(),
+        "ts": 5.0,
+    }
+    conn.execute("INSERT INTO requests (id, ts, stream, completed) VALUES ('old', 5.0, 1, 1)")
+    conn.executemany(
+        "INSERT INTO events VALUES ('old', ?, ?, 0.0, ?)",
+        [
+            (1, "received", orjson.dumps(received).decode()),
+            (2, "block", '{"event": {"type": "content_block_delta", "delta": {"text": "striped answer"}}}'),
+            (3, "completed", '{"status": 200, "duration_ms": 1.0, "disconnected": true}'),
+        ],
+    )
+    conn.close()
+    schema.connect(path).close()
+    with JournalReader(path) as reader:
+        row = reader.get_request("old")
+        assert row is not None
+        assert (row["user_id"], row["session_id"], row["key_fp"], row["thread_key"]) == (
+            "u-7",
+            "s-1",
+            "0123456789ab",
+            "s:s-1",
+        )
+        assert row["hung_up"] is True and row["cut_mid_stream"] is True
+        assert reader.count("zebra") == reader.count('"striped answer"') == reader.count("hung_up:yes") == 1
+        assert reader.count("crossings") == 0

@@ -146,7 +146,41 @@ async def test_round_trip_events_and_summary(tmp_path: Path) -> None:
         "has_thinking": True,
         "bodies": "full",
         "client_id": None,
+        "trace_id": None,
+        "user_id": None,
+        "session_id": None,
+        "key_fp": None,
+        "thread_key": None,  # no message to key a conversation by
+        "turns": 0,
+        "hung_up": False,
+        "cut_mid_stream": False,
     }
+
+
+async def test_search_columns_and_text_are_written_with_the_summary(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    events = streaming_request()
+    received = events[0]
+    assert isinstance(received, Received)
+    received.headers = {
+        "traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "x-api-key": "sk-ant-secret",
+        "x-claude-code-session-id": "cc-1",
+    }
+    received.body = '{"model":"claude-x","metadata":{"user_id":"u-9"},"messages":[{"role":"user","content":"Zebra?"}]}'
+    cut = [e for e in events if not (isinstance(e, Block) and e.event["type"] == "message_stop")]
+    await write(path, {"req_1": events, "req_2": cut})
+    with JournalReader(path) as reader:
+        row = reader.get_request("req_1")
+        assert row is not None
+        assert row["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+        assert row["user_id"] == "u-9" and row["session_id"] == "cc-1" and row["thread_key"] == "s:cc-1"
+        assert row["key_fp"] is not None and len(row["key_fp"]) == 12 and row["turns"] == 1
+        assert reader.count("zebra") == 2  # the user's text
+        assert reader.count("unicode") == 2  # the thinking delta, accents folded
+        assert reader.count("cut:yes") == 1 and reader.get_request("req_2")["cut_mid_stream"] is True  # type: ignore[index]
+        assert reader.count(f"key:{row['key_fp']} trace:4bf92f3577b34da6a3ce929d0e0e4736") == 2
+        assert "sk-ant-secret" not in str(reader.connection.execute("SELECT body FROM request_text").fetchall())
 
 
 async def test_summary_built_across_batches_and_late_events(tmp_path: Path) -> None:

@@ -1,0 +1,330 @@
+"""The journal's search index: the fields operators filter on, and a full-text index.
+
+Two parts, both kept by the writer in the transaction that writes a request's summary row:
+
+* Columns of `requests` (`COLUMNS`), derived from what every request already journals, so
+  they fill whatever the gateway adds later: `trace_id` (the `received` event's own, the
+  gateway's span's under `--enable-trace`, else the W3C `traceparent` header's),
+  `user_id` (the body's `metadata.user_id`), `session_id` (Claude Code's
+  `x-claude-code-session-id` header, or `x-session-id`), `key_fp` (the 12-hex fingerprint the
+  redaction left of the caller's key), `thread_key` (the session id, else a digest of the
+  conversation's start: system prompt and first message, so every turn of one conversation
+  shares it), `turns` (messages in the request), `hung_up` (the client went away before the
+  end) and `cut_mid_stream` (a stream that had started and did not reach `message_stop`).
+  Each has an index with `ts`, so a filter on it reads its matches in time order.
+* `request_text`, an FTS5 table (unicode61 tokenizer) whose rowid is the request's rowid in
+  `requests`: one row per completed request holding what the request added (the text of its
+  last message; the system prompt too on a first turn), the response text (text, thinking and
+  tool input deltas, relayed bodies and SSE) and error messages, at most `TEXT_LIMIT`
+  characters. Only the last message is indexed because a conversation resends its history on
+  every turn: the text of an earlier turn is found in the request that added it (and
+  `smg journal thread` walks the rest). A request is indexed when its `completed` event is
+  written; one still in flight is not found by text yet.
+
+`fold` is called for every event by `journal.summary.apply`, `text_rows` once per writer batch
+and `write_text` once per transaction. `migrate` is the schema step that adds all of this and
+fills it in for the requests already in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from typing import Any
+
+import orjson
+
+from journal.events import Block, Completed, Error, Event, Received, Rejected, Upstream, event_from_dict
+
+COLUMNS: tuple[str, ...] = (
+    "trace_id",
+    "user_id",
+    "session_id",
+    "key_fp",
+    "thread_key",
+    "turns",
+    "hung_up",
+    "cut_mid_stream",
+)
+"""The summary columns this module adds to `requests`, in table order."""
+FLAGS: tuple[str, ...] = ("hung_up", "cut_mid_stream")
+"""Of those, the 0/1 columns."""
+FIRST_WINS: tuple[str, ...] = ("trace_id", "user_id", "session_id", "key_fp", "thread_key", "turns")
+"""Of those, the columns set from `received` (the first value written stays)."""
+TABLE = "request_text"
+TEXT_LIMIT = 64 * 1024
+
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")
+_KEY_HEADERS = ("x-api-key", "authorization")
+_REDACTED = "[redacted sha256:"
+# Private keys of the summary dict (never columns): the text gathered so far, the SSE line
+# a relayed chunk ended in the middle of, whether the stream started and reached its end.
+_TEXT, _SIZE, _SSE, _STARTED, _STOPPED = "_text", "_text_size", "_sse", "_started", "_stopped"
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """The schema step: the columns, their indexes, the text table, filled in from the events
+    of the requests already in the file (runs inside the transaction `schema.migrate` opens)."""
+    for column in COLUMNS:
+        kind = "INTEGER" if column in (*FLAGS, "turns") else "TEXT"
+        default = " NOT NULL DEFAULT 0" if column in FLAGS else ""
+        conn.execute(f"ALTER TABLE requests ADD COLUMN {column} {kind}{default}")
+    for column in ("trace_id", "user_id", "session_id", "key_fp", "thread_key"):
+        conn.execute(f"CREATE INDEX requests_{column}_ts ON requests ({column}, ts)")
+    for column in FLAGS:
+        conn.execute(f"CREATE INDEX requests_{column}_ts ON requests (ts) WHERE {column} = 1")
+    conn.execute(f"CREATE VIRTUAL TABLE {TABLE} USING fts5(body, tokenize='unicode61 remove_diacritics 2')")
+    _backfill(conn)
+
+
+def _backfill(conn: sqlite3.Connection) -> None:
+    kinds = "('received', 'block', 'upstream', 'error', 'rejected', 'completed')"
+    last = -1
+    while True:
+        batch = conn.execute(
+            "SELECT rowid, id, completed, stream FROM requests WHERE rowid > ? ORDER BY rowid LIMIT 1000", (last,)
+        ).fetchall()
+        if not batch:
+            return
+        last = batch[-1][0]
+        updates: list[tuple[Any, ...]] = []
+        texts: list[tuple[int, str]] = []
+        for rowid, request_id, completed, stream in batch:
+            row: dict[str, Any] = {"stream": stream}
+            events = conn.execute(
+                f"SELECT kind, t, data FROM events WHERE request_id = ? AND kind IN {kinds} ORDER BY seq",
+                (request_id,),
+            )
+            for kind, t, data in events:
+                try:
+                    fold(row, event_from_dict(kind, orjson.loads(data), t))
+                except Exception:  # an event an older smg wrote that this one cannot read
+                    continue
+            updates.append((*(row.get(c, 0) if c in FLAGS else row.get(c) for c in COLUMNS), rowid))
+            if completed:
+                texts.append((rowid, text_of(row)))
+        sets = ", ".join(f"{c} = ?" for c in COLUMNS)
+        conn.executemany(f"UPDATE requests SET {sets} WHERE rowid = ?", updates)
+        conn.executemany(f"INSERT INTO {TABLE} (rowid, body) VALUES (?, ?)", [t for t in texts if t[1]])
+
+
+# -- folding events ---------------------------------------------------------------------
+
+
+def fold(row: dict[str, Any], event: Event) -> None:
+    """Fold one event into a summary dict: this module's columns and the text gathered."""
+    if isinstance(event, Block):
+        payload = event.event
+        kind = payload.get("type")
+        row[_STARTED] = True
+        if kind == "content_block_delta":
+            delta = payload.get("delta") or {}
+            for key in ("text", "thinking", "partial_json"):
+                value = delta.get(key)
+                if isinstance(value, str):
+                    _add(row, value)
+        elif kind == "content_block_start":
+            block = payload.get("content_block") or {}
+            if isinstance(block.get("name"), str):
+                _add(row, block["name"])
+        elif kind == "message_stop":
+            row[_STOPPED] = True
+        elif kind == "error":
+            error = payload.get("error") or {}
+            _add(row, str(error.get("message") or ""))
+    elif isinstance(event, Upstream):
+        _fold_upstream(row, event)
+    elif isinstance(event, Received):
+        _fold_received(row, event)
+    elif isinstance(event, Error | Rejected):
+        _add(row, event.message)
+    elif isinstance(event, Completed):
+        if event.disconnected:
+            row["hung_up"] = 1
+        if row.get(_STARTED) and not row.get(_STOPPED) and row.get("stream"):
+            row["cut_mid_stream"] = 1
+
+
+def _fold_received(row: dict[str, Any], event: Received) -> None:
+    headers = {k.lower(): v for k, v in event.headers.items()}
+    trace = _trace_id(f"00-{event.trace_id}-0000000000000001-01" if event.trace_id else headers.get("traceparent"))
+    if trace:
+        row["trace_id"] = trace
+    session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
+    if session:
+        row["session_id"] = session
+    for name in _KEY_HEADERS:
+        value = headers.get(name, "")
+        if value.startswith(_REDACTED) and value.endswith("]"):
+            row["key_fp"] = value[len(_REDACTED) : -1]
+            break
+    body: Any = None
+    if event.body:
+        try:
+            body = orjson.loads(event.body)
+        except orjson.JSONDecodeError:
+            _add(row, event.body)
+    if not isinstance(body, dict):
+        if session:
+            row["thread_key"] = f"s:{session}"
+        return
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        row["user_id"] = metadata["user_id"]
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    row["turns"] = len(messages)
+    if session:
+        row["thread_key"] = f"s:{session}"
+    elif messages:
+        system = body.get("system")
+        system = [{"type": "text", "text": system}] if isinstance(system, str) else system
+        start = orjson.dumps(comparable([system, messages[0]]), option=orjson.OPT_SORT_KEYS)
+        row["thread_key"] = "h:" + hashlib.sha256(start).hexdigest()[:16]
+    if len(messages) <= 1:
+        _add(row, " ".join(_texts(body.get("system"))))
+    if messages:
+        _add(row, " ".join(_texts(messages[-1])))
+
+
+def comparable(value: Any) -> Any:
+    """A message as compared across turns: without `cache_control`, and a string content as the
+    one text block it means (Claude Code sends a message as a block list while it carries a cache
+    breakpoint, as a string once the breakpoint has moved on)."""
+    if isinstance(value, dict):
+        if "role" in value and isinstance(value.get("content"), str):
+            value = {**value, "content": [{"type": "text", "text": value["content"]}]}
+        return {k: comparable(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
+
+
+def _trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), lower case."""
+    if not traceparent:
+        return None
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32:
+        return None
+    trace = parts[1].lower()
+    if trace == "0" * 32 or any(c not in "0123456789abcdef" for c in trace):
+        return None
+    return trace
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string a message (or a system prompt, a content block) holds as text."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for item in value for t in _texts(item)]
+    if isinstance(value, dict):
+        out: list[str] = []
+        for key in ("text", "content", "thinking", "name"):
+            if key in value:
+                out.extend(_texts(value[key]))
+        if isinstance(value.get("input"), dict):
+            out.append(orjson.dumps(value["input"]).decode())
+        return out
+    return []
+
+
+def _fold_upstream(row: dict[str, Any], event: Upstream) -> None:
+    if event.part not in ("body", "chunk") or not event.data or event.encoding != "utf-8":
+        return
+    row[_STARTED] = True
+    if event.part == "body":
+        try:
+            body = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            _add(row, event.data)
+            return
+        if isinstance(body, dict):
+            _add(row, " ".join(_texts(body.get("content"))))
+            error = body.get("error")
+            if isinstance(error, dict):
+                _add(row, str(error.get("message") or ""))
+            if body.get("type") == "message":
+                row[_STOPPED] = True
+        return
+    # SSE: only whole `data:` lines; a line cut between two reads waits for the next.
+    text = row.pop(_SSE, "") + event.data
+    lines = text.split("\n")
+    row[_SSE] = lines[-1][-TEXT_LIMIT:]
+    for line in lines[:-1]:
+        if not line.startswith("data:"):
+            continue
+        try:
+            payload = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(payload, dict):
+            fold(row, Block(event=payload))
+
+
+def _add(row: dict[str, Any], text: str) -> None:
+    size = row.get(_SIZE, 0)
+    if not text or size >= TEXT_LIMIT:
+        return
+    piece = text[: TEXT_LIMIT - size]
+    row.setdefault(_TEXT, []).append(piece)
+    row[_SIZE] = size + len(piece) + 1
+
+
+def text_of(row: dict[str, Any]) -> str:
+    """The text gathered for a request (what its `request_text` row holds); text UTF-8
+    cannot hold (lone surrogates) spelled as escapes, as the writer stores it."""
+    text = "\n".join(row.get(_TEXT, ()))
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+# -- the writer's part ------------------------------------------------------------------
+
+
+def text_rows(finished: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """`(text, request id)` for the requests of a batch that completed in it."""
+    out = []
+    for row in finished:
+        text = text_of(row)
+        if text:
+            out.append((text, row["id"]))
+    return out
+
+
+def write_text(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
+    """Index the text of the requests completed in this transaction (their summary rows are
+    already upserted in it: the text row takes the summary row's rowid)."""
+    if rows:
+        conn.executemany(
+            f"INSERT OR REPLACE INTO {TABLE} (rowid, body) SELECT rowid, ? FROM requests WHERE id = ?", rows
+        )
+
+
+def delete_text(conn: sqlite3.Connection, ids: list[str]) -> None:
+    """Drop the text rows of these requests (before their summary rows are deleted)."""
+    if ids and has_index(conn):
+        marks = ", ".join("?" * len(ids))
+        conn.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT rowid FROM requests WHERE id IN ({marks}))", ids)
+
+
+def has_index(conn: sqlite3.Connection) -> bool:
+    """Whether the file has the text index (a file written before it was added has not)."""
+    return (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone() is not None
+    )
+
+
+def match_expression(text: str, *, prefix: bool) -> str | None:
+    """`text` as an FTS5 query: its words as one phrase (the last a prefix when `prefix`);
+    None when it has no word the tokenizer would index."""
+    if not any(c.isalnum() for c in text):
+        return None
+    phrase = '"' + text.replace('"', '""') + '"'
+    return phrase + "*" if prefix else phrase
