@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The opt-in real-engine tier (`make test-vllm`): vLLM on CPU with a tiny random Qwen3; see
-# /work/shared/engines/vllm-cpu.md for the recipe and why each workaround is there.
+# ../shared/engines/vllm-cpu.md for the recipe and why each workaround is there.
 VLLM_PYTHON ?= python3.11
 VLLM_VENV   := .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.installed

