@@ -4,6 +4,8 @@ Serving code calls `append` for every event. That is a `put_nowait` on an in-mem
 (no I/O, no await on disk); a single writer task takes whatever has queued up, up to
 `max_batch` events, and hands them to the writer thread, which serializes them and writes
 them and the summary rows they touch in ONE transaction, commits, and goes back for more.
+A request's streaming events (`tokens`, `block`, `upstream`) that follow each other in one
+batch are packed into one compact row (`journal.packed`); every other event is a JSON row.
 Under load a batch grows with the backlog, so the number of commits per second stays small
 however many events arrive; when idle each event is committed on its own almost at once.
 `append` only waits when the queue is full (backpressure instead of unbounded memory).
@@ -59,8 +61,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from journal import packed, schema, summary
 from journal import retention as retention_mod
-from journal import schema, summary
 from journal.bodies import BodyFilter
 from journal.events import Event
 from journal.redact import redacted
@@ -80,7 +82,8 @@ _ROW_ERRORS = (
 _FINAL_ATTEMPTS = 3  # retries of what is still pending when the writer closes
 _STALL_S = 1.0  # a commit running longer than this counts as stalled: a full queue drops, not waits
 
-_INSERT_EVENT = "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
+_INSERT_EVENT = "INSERT INTO events (rk, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
+_MAX_RUN = 1024  # events per packed row: bounds a row's size (and what one bad event takes with it)
 _FIRST_WINS = frozenset({"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies", "client_id"})
 
 
@@ -96,7 +99,7 @@ def _upsert_sql() -> str:
             updates.append(f"{col} = COALESCE(excluded.{col}, requests.{col})")
     return (
         f"INSERT INTO requests ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        f" ON CONFLICT(id) DO UPDATE SET {', '.join(updates)}"
+        f" ON CONFLICT(id) DO UPDATE SET {', '.join(updates)} RETURNING rk"
     )
 
 
@@ -161,7 +164,8 @@ def encode(event: Event) -> bytes:
         return text.encode("utf-8")
 
 
-_Rows = list[tuple[str, int, str, float, str]]
+# (request id, seq, kind, t, data, events in the row): the text id becomes `rk` at commit time.
+_Rows = list[tuple[str, int, str, float, str | bytes, int]]
 _Params = list[tuple[Any, ...]]
 
 
@@ -452,7 +456,7 @@ class JournalWriter:
         prepared = self._prepare(events)
         if prepared is not None:
             self._pending.append(prepared)
-            self._pending_events += len(prepared[0])
+            self._pending_events += _event_count(prepared[0])
             self._bound_pending()
         if not self._pending:
             return
@@ -471,28 +475,37 @@ class JournalWriter:
         self._commit_us_total += elapsed_us
         self._pending.clear()
         self._pending_events = 0
-        self._events_written += len(rows)
+        written = _event_count(rows)
+        self._events_written += written
         self._batches += 1
-        self._max_batch_seen = max(self._max_batch_seen, len(rows))
+        self._max_batch_seen = max(self._max_batch_seen, written)
 
     def _bound_pending(self) -> None:
         while self._pending_events > self._max_pending and len(self._pending) > 1:
             rows, _ = self._pending.pop(0)
-            self._pending_events -= len(rows)
-            self._events_dropped += len(rows)
-            self._incident_dropped += len(rows)
+            count = _event_count(rows)
+            self._pending_events -= count
+            self._events_dropped += count
+            self._incident_dropped += count
 
     def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params] | None:
-        """Capture, serialize and fold each event; an event that cannot be is dropped alone."""
+        """Capture, serialize and fold each event; an event that cannot be is dropped alone.
+
+        The streaming events (`journal.packed.PACKABLE`) of one request that follow each other
+        in this batch are packed into one row; any other event is a row of its own.
+        """
         rows: _Rows = []
         touched: dict[str, dict[str, Any]] = {}
         finished: list[str] = []
         body_filter = self._bodies
+        runs: dict[str, list[tuple[int, Event]]] = {}
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
                 event = body_filter(request_id, event)
-                data = encode(event).decode()
+                seq = int(seq)
+                packable = event.kind in packed.PACKABLE
+                data = None if packable else encode(event).decode()
                 row = self._summaries.get(request_id)
                 if row is None:
                     row = {"bodies": body_filter.mode}
@@ -502,10 +515,23 @@ class JournalWriter:
                 log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)
                 continue
             self._summaries[request_id] = row
-            rows.append((request_id, int(seq), event.kind, float(event.t), data))
             touched[request_id] = row
+            run = runs.get(request_id)
+            if run is not None and (not packable or run[-1][0] + 1 != seq or len(run) >= _MAX_RUN):
+                self._close_run(rows, request_id, runs.pop(request_id))
+                run = None
+            if packable:
+                if run is None:
+                    runs[request_id] = [(seq, event)]
+                else:
+                    run.append((seq, event))
+            else:
+                assert data is not None
+                rows.append((request_id, seq, event.kind, float(event.t), data, 1))
             if row.get("completed"):
                 finished.append(request_id)
+        for request_id, run in runs.items():
+            self._close_run(rows, request_id, run)
         if not rows:
             return None
         requests = [_request_params(row) for row in touched.values()]
@@ -514,24 +540,67 @@ class JournalWriter:
         self._evict()
         return rows, requests
 
-    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params) -> _Rows:
-        """Insert the events and upsert the summary rows in one transaction; the rows written.
+    def _close_run(self, rows: _Rows, request_id: str, run: list[tuple[int, Event]]) -> None:
+        """The row of a run of streaming events (rows, when some event cannot be packed)."""
+        seq, first = run[0]
+        t0 = float(first.t)
+        try:
+            data = packed.pack([event for _, event in run], t0, encode)
+        except Exception:
+            self._split_run(rows, request_id, run)
+            return
+        rows.append((request_id, seq, packed.RUN_KIND, t0, data, len(run)))
 
-        A row SQLite refuses (a duplicate event, a value it cannot bind) costs itself only:
-        the batch is retried row by row without it. Failures of the file itself (locked,
-        full, I/O) raise, and the caller keeps the batch for a later attempt.
+    def _split_run(self, rows: _Rows, request_id: str, run: list[tuple[int, Event]]) -> None:
+        # What the compact form cannot hold (text UTF-8 cannot hold, numbers past 64 bits) is
+        # stored one row each, as JSON, the way anything else is; the events around it are packed.
+        part: list[tuple[int, Event]] = []
+        for seq, event in run:
+            try:
+                packed.pack([event], float(event.t), encode)
+            except Exception:
+                if part:
+                    self._close_run(rows, request_id, part)
+                    part = []
+                try:
+                    rows.append((request_id, seq, event.kind, float(event.t), encode(event).decode(), 1))
+                except Exception:
+                    self._events_dropped += 1
+                    log.exception("journal: cannot serialize %s event of %s", event.kind, request_id)
+            else:
+                part.append((seq, event))
+        if part:
+            self._close_run(rows, request_id, part)
+
+    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params) -> _Rows:
+        """Upsert the summary rows (which gives each request its integer key) and insert the
+        events under those keys, in one transaction; the rows written.
+
+        `BEGIN IMMEDIATE` takes the write lock up front: with several gateway processes writing
+        one file, a deferred transaction that upgrades from a read could fail at once instead
+        of waiting. A row SQLite refuses (a duplicate event, a value it cannot bind) costs
+        itself only: the batch is retried row by row without it. Failures of the file itself
+        (locked, full, I/O) raise, and the caller keeps the batch for a later attempt.
         """
-        conn.execute("BEGIN")
+        conn.execute("BEGIN IMMEDIATE")
         try:
             try:
-                conn.executemany(_INSERT_EVENT, rows)
-                conn.executemany(_UPSERT_REQUEST, requests)
+                keys = {params[0]: conn.execute(_UPSERT_REQUEST, params).fetchone()[0] for params in requests}
+                missing = {row[0] for row in rows} - keys.keys()
+                for request_id in missing:  # only when a summary row was refused: never lose its events
+                    keys[request_id] = self._key(conn, request_id)
+                conn.executemany(_INSERT_EVENT, [(keys[r[0]], *r[1:5]) for r in rows])
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
-                conn.execute("BEGIN")
-                rows = self._one_by_one(conn, _INSERT_EVENT, rows)
-                self._one_by_one(conn, _UPSERT_REQUEST, requests)
+                conn.execute("BEGIN IMMEDIATE")
+                keys = {}
+                for params in requests:
+                    try:
+                        keys[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
+                    except _ROW_ERRORS as exc:
+                        log.error("journal: summary row %s dropped: %s", params[0], exc)
+                rows = self._one_by_one(conn, rows, keys)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -539,17 +608,23 @@ class JournalWriter:
             raise
         return rows
 
-    def _one_by_one(self, conn: sqlite3.Connection, sql: str, rows: list[Any]) -> list[Any]:
+    @staticmethod
+    def _key(conn: sqlite3.Connection, request_id: str) -> int:
+        conn.execute("INSERT INTO requests (id) VALUES (?) ON CONFLICT(id) DO NOTHING", (request_id,))
+        return int(conn.execute("SELECT rk FROM requests WHERE id = ?", (request_id,)).fetchone()[0])
+
+    def _one_by_one(self, conn: sqlite3.Connection, rows: _Rows, keys: dict[str, int]) -> _Rows:
         kept = []
         for row in rows:
             try:
-                conn.execute(sql, row)
+                key = keys.get(row[0])
+                if key is None:
+                    key = keys[row[0]] = self._key(conn, row[0])
+                conn.execute(_INSERT_EVENT, (key, *row[1:5]))
                 kept.append(row)
             except _ROW_ERRORS as exc:
-                what = "event" if sql is _INSERT_EVENT else "summary row"
-                if sql is _INSERT_EVENT:
-                    self._events_dropped += 1
-                log.error("journal: %s %s #%s dropped: %s", what, row[0], row[1], exc)
+                self._events_dropped += row[5]
+                log.error("journal: event %s #%s dropped: %s", row[0], row[1], exc)
         return kept
 
     def _evict(self) -> None:
@@ -559,6 +634,10 @@ class JournalWriter:
         if excess > 0:
             for request_id in list(self._summaries)[:excess]:
                 del self._summaries[request_id]
+
+
+def _event_count(rows: _Rows) -> int:
+    return sum(row[5] for row in rows)
 
 
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
