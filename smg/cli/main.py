@@ -160,6 +160,10 @@ def launch(
             "POST /v1/tokenizers register one.",
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(help="Gateway processes sharing the listening socket and the journal file (default: 1)."),
+    ] = 1,
     **flags: Any,
 ) -> None:
     """Start the gateway."""
@@ -207,7 +211,9 @@ def launch(
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
         )
+        if workers < 1:
+            raise LaunchError("--workers must be at least 1")
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config)
+    run(config, workers=workers)
