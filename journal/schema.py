@@ -21,8 +21,8 @@ events).
 
 Compact storage (v4): `requests.rk` is an integer key (the rowid, assigned by SQLite when the
 writer first upserts the request's row, so several processes writing one file never collide),
-and `events` is keyed by `(rk, seq)` in a `WITHOUT ROWID` table: no event row repeats the text
-id, and no index repeats it again. An event row is one event with its JSON payload, or (kind
+and `events` is keyed by `(rk, seq)` (a unique index): no event row repeats the text id, and
+no index repeats it again. An event row is one event with its JSON payload, or (kind
 `run`, `journal.packed`) the consecutive streaming events of one request from one flush window,
 `seq` and `t` of the first. The migration keeps v3's rows as they were (one JSON row each).
 """
@@ -143,7 +143,7 @@ _V3_COLUMNS = (
 
 
 def _v4(conn: sqlite3.Connection) -> None:
-    # SQLite cannot add a primary key or change a table to WITHOUT ROWID in place: both
+    # SQLite cannot add a primary key (or the integer key the events point to) in place: both
     # tables are rebuilt, requests first so that every event finds its key.
     conn.execute("ALTER TABLE requests RENAME TO requests_v3")
     conn.execute("ALTER TABLE events RENAME TO events_v3")
@@ -164,11 +164,14 @@ def _v4(conn: sqlite3.Connection) -> None:
             seq   INTEGER NOT NULL,  -- the event's (a run's first event's) number in its request
             kind  TEXT NOT NULL,     -- the event's kind, or `run` (journal.packed)
             t     REAL NOT NULL,     -- seconds since the request arrived
-            data  BLOB NOT NULL,     -- JSON payload without t (TEXT), or a packed run (BLOB)
-            PRIMARY KEY (rk, seq)
-        ) WITHOUT ROWID
+            data  BLOB NOT NULL      -- JSON payload without t (TEXT), or a packed run (BLOB)
+        )
         """
     )
+    # A rowid table, appended to in rowid order, fills its pages (SQLite splits an index
+    # b-tree, which a WITHOUT ROWID table is, half-full when appending); the unique index on
+    # (rk, seq) costs a few bytes per row, and a row is a whole flush window of a stream.
+    conn.execute("CREATE UNIQUE INDEX events_rk_seq ON events (rk, seq)")
     conn.execute(
         "INSERT INTO events (rk, seq, kind, t, data)"
         " SELECT r.rk, e.seq, e.kind, e.t, e.data FROM events_v3 AS e JOIN requests AS r ON r.id = e.request_id"

@@ -18,8 +18,9 @@ Durability contract (WAL, `synchronous=NORMAL`):
   loss may also roll back the last few commits (NORMAL does not fsync each one).
 * What a `kill -9` loses is what had not been committed: the events still queued and the
   batch being written. That is the commit window. The writer starts the next commit as soon
-  as the last one ends, so an event waits for the batch in progress and the events queued
-  ahead of it: milliseconds under normal load; at worst, with the queue full (the writer not
+  as the last one ends but not sooner than `commit_interval_s` (10 ms) after the previous one
+  started, so an event waits for that interval, the batch in progress and the events queued
+  ahead of it: about ten milliseconds under normal load; at worst, with the queue full (the writer not
   keeping up, `append` already applying backpressure), `queue_size` events at the write
   rate: about a second by default (65,536 events at the 60–100k events/s that
   `tools/bench/journal.py` measures on two cores).
@@ -104,6 +105,7 @@ def _upsert_sql() -> str:
 
 
 _UPSERT_REQUEST = _upsert_sql()
+_COMPLETED = schema.REQUEST_COLUMNS.index("completed")
 
 
 class Journal(Protocol):
@@ -183,13 +185,19 @@ class JournalWriter:
         retention_interval_s: float = 60.0,
         retry_interval_s: float = 1.0,
         busy_timeout_ms: int = 5000,
+        commit_interval_s: float = 0.01,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
         both None) keeps everything. While commits fail, they are retried every
-        `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock."""
+        `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
+        starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
+        larger transactions and longer packed runs, for that much more commit window."""
         if max_batch < 1 or queue_size < 1:
             raise ValueError("queue_size and max_batch must be positive")
+        if commit_interval_s < 0:
+            raise ValueError("commit_interval_s cannot be negative")
+        self._commit_interval = commit_interval_s
         if retention_interval_s <= 0 or retry_interval_s <= 0:
             raise ValueError("retention_interval_s and retry_interval_s must be positive")
         self.path = os.fspath(path)
@@ -210,6 +218,10 @@ class JournalWriter:
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._summaries: dict[str, dict[str, Any]] = {}
+        # In-flight requests' summary parameters and integer key as last committed: a batch
+        # that changes nothing of a summary (a stream's tokens) neither upserts it nor looks up
+        # its key.
+        self._committed: dict[str, tuple[tuple[Any, ...], int]] = {}
         # Prepared batches whose commit failed, retried with the next one (oldest first);
         # at most `_max_pending` events, the oldest batches given up beyond that.
         self._pending: list[tuple[_Rows, _Params]] = []
@@ -379,6 +391,7 @@ class JournalWriter:
         queue = self._queue
         stopping = False
         final_attempts = 0
+        last_start = 0.0
         while True:
             batch: list[Any] = []
             limit = self._max_batch
@@ -389,6 +402,10 @@ class JournalWriter:
                 limit = max(queue.qsize(), 1)
             else:
                 batch.append(await queue.get())
+                wait = last_start + self._commit_interval - time.monotonic()
+                if wait > 0 and batch[0] is not _STOP:
+                    await asyncio.sleep(wait)
+            last_start = time.monotonic()
             while len(batch) < limit:
                 try:
                     batch.append(queue.get_nowait())
@@ -466,9 +483,16 @@ class JournalWriter:
         assert conn is not None
         started = self._commit_started = time.monotonic()
         try:
-            rows = self._transaction(conn, rows, requests)
+            rows, keys = self._transaction(conn, rows, requests)
         finally:
             self._commit_started = None
+        committed = self._committed
+        for params in requests:
+            request_id = params[0]
+            if params[_COMPLETED] == 1:
+                committed.pop(request_id, None)
+            elif request_id in keys:
+                committed[request_id] = (params, keys[request_id])
         elapsed_us = int((time.monotonic() - started) * 1e6)
         self._commit_us_last = elapsed_us
         self._commit_us_max = max(self._commit_us_max, elapsed_us)
@@ -534,7 +558,12 @@ class JournalWriter:
             self._close_run(rows, request_id, run)
         if not rows:
             return None
-        requests = [_request_params(row) for row in touched.values()]
+        committed = self._committed
+        requests = [
+            params
+            for params in map(_request_params, touched.values())
+            if (last := committed.get(params[0])) is None or last[0] != params
+        ]
         for request_id in finished:
             self._summaries.pop(request_id, None)
         self._evict()
@@ -572,7 +601,9 @@ class JournalWriter:
         if part:
             self._close_run(rows, request_id, part)
 
-    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params) -> _Rows:
+    def _transaction(
+        self, conn: sqlite3.Connection, rows: _Rows, requests: _Params
+    ) -> tuple[_Rows, dict[str, int]]:
         """Upsert the summary rows (which gives each request its integer key) and insert the
         events under those keys, in one transaction; the rows written.
 
@@ -580,12 +611,16 @@ class JournalWriter:
         one file, a deferred transaction that upgrades from a read could fail at once instead
         of waiting. A row SQLite refuses (a duplicate event, a value it cannot bind) costs
         itself only: the batch is retried row by row without it. Failures of the file itself
-        (locked, full, I/O) raise, and the caller keeps the batch for a later attempt.
+        (locked, full, I/O) raise, and the caller keeps the batch for a later attempt. Returns
+        the rows written and the keys of the requests upserted.
         """
+        known = {request_id: rk for request_id, (_, rk) in self._committed.items()}
         conn.execute("BEGIN IMMEDIATE")
         try:
             try:
                 keys = {params[0]: conn.execute(_UPSERT_REQUEST, params).fetchone()[0] for params in requests}
+                upserted = dict(keys)
+                keys = known | keys
                 missing = {row[0] for row in rows} - keys.keys()
                 for request_id in missing:  # only when a summary row was refused: never lose its events
                     keys[request_id] = self._key(conn, request_id)
@@ -594,19 +629,19 @@ class JournalWriter:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
-                keys = {}
+                upserted = {}
                 for params in requests:
                     try:
-                        keys[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
+                        upserted[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
                     except _ROW_ERRORS as exc:
                         log.error("journal: summary row %s dropped: %s", params[0], exc)
-                rows = self._one_by_one(conn, rows, keys)
+                rows = self._one_by_one(conn, rows, known | upserted)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        return rows
+        return rows, upserted
 
     @staticmethod
     def _key(conn: sqlite3.Connection, request_id: str) -> int:
@@ -630,10 +665,11 @@ class JournalWriter:
     def _evict(self) -> None:
         # Requests that never complete (a crash mid-pipeline) must not grow memory forever.
         # Evicting is safe: the row is in the table and later upserts only fill it in.
-        excess = len(self._summaries) - _MAX_INFLIGHT
-        if excess > 0:
-            for request_id in list(self._summaries)[:excess]:
-                del self._summaries[request_id]
+        for inflight in (self._summaries, self._committed):
+            excess = len(inflight) - _MAX_INFLIGHT
+            if excess > 0:
+                for request_id in list(inflight)[:excess]:
+                    del inflight[request_id]
 
 
 def _event_count(rows: _Rows) -> int:
