@@ -453,7 +453,7 @@ def _start(args: argparse.Namespace, workdir: Path, started: list[Spawned]) -> S
 
     def start(target: Target) -> Spawned:
         if target.reference:
-            return reference.spawn_reference(engine.url, QWEN3, PARSERS)
+            return reference.spawn_reference([engine.url], QWEN3, PARSERS)
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         extra = ["--model-path", str(QWEN3), "--disable-retries", "--log-level", "warning"]
         extra += ["--tool-call-parser", PARSERS[0], "--reasoning-parser", PARSERS[1], "--workers", str(target.workers)]

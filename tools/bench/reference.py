@@ -45,25 +45,19 @@ class Reference(Spawned):
         super().stop(timeout)
 
 
-def spawn_reference(engine_url: str, model_path: Path, parsers: tuple[str, str]) -> Reference:
-    """The reference gateway on 127.0.0.1 in front of `engine_url`, ready once `/health` answers."""
+def spawn_reference(
+    worker_urls: list[str], model_path: Path | None = None, parsers: tuple[str, str] | None = None
+) -> Reference:
+    """The reference gateway on 127.0.0.1 in front of `worker_urls`, ready once `/health`
+    answers; gRPC engines need the tokenizer's `model_path`, and get the same `parsers`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [
-        str(executable()),
-        "launch",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--worker-urls",
-        engine_url,
-        "--model-path",
-        str(model_path),
-        "--tool-call-parser",
-        parsers[0],
-        "--reasoning-parser",
-        parsers[1],
+    args = [str(executable()), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls]
+    if model_path is not None:
+        args += ["--model-path", str(model_path)]
+    if parsers is not None:
+        args += ["--tool-call-parser", parsers[0], "--reasoning-parser", parsers[1]]
+    args += [
         "--disable-retries",
         "--log-level",
         "warn",

@@ -31,8 +31,9 @@ import orjson
 from rich.console import Console
 from rich.progress import Progress
 
+from tools.bench import reference
 from tools.bench.common import csv_ints, csv_list, load_average, stop_all
-from tools.bench.report import DIRECT, TARGETS, Run, Target, render, scenario_name, summary
+from tools.bench.report import DIRECT, REFERENCE, TARGETS, Run, Target, render, scenario_name, summary
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway, spawn_worker
 
 DEFAULTS = {"duration": 1.0, "warmup": 0.3, "reps": 3}
@@ -89,9 +90,11 @@ def _start_servers(targets: list[Target], workdir: Path, started: list[Spawned])
     worker = spawn_worker()
     started.append(worker)
     servers = {DIRECT.key: worker}
-    gateways = [t for t in targets if t.journal is not None]
+    gateways = [t for t in targets if t.journal is not None or t.reference]
 
     def start(target: Target) -> Spawned:
+        if target.reference:
+            return reference.spawn_reference([worker.url])
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target))
 
@@ -165,7 +168,7 @@ def _measure_all(
                             "concurrency": conc,
                             "target": target.key,
                             "rep": rep,
-                            "gateway_pid": server.proc.pid if target.journal is not None else None,
+                            "gateway_pid": server.proc.pid if target.key != DIRECT.key else None,
                             "worker_pid": worker.proc.pid,
                             **result,
                         }
@@ -226,17 +229,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         type=csv_list,
-        default=[t.key for t in TARGETS],
+        default=[t.key for t in TARGETS if not t.reference],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--prompt-words", type=int, default=32, help="the echo streams one event per word")
     parser.add_argument("--pin", action="store_true", help="load generator on the last cpu, servers on the rest")
     parser.add_argument("--json", type=Path, help="write the raw runs and the summary here")
+    parser.add_argument("--compare", action="store_true", help="measure the reference gateway beside this one")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for name, value in preset.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.compare and REFERENCE.key not in args.targets:
+        args.targets.append(REFERENCE.key)
     unknown = set(args.targets) - {t.key for t in TARGETS}
     if unknown or not args.targets:
         parser.error(f"--targets: unknown {sorted(unknown)}; choose from {[t.key for t in TARGETS]}")
