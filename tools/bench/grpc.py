@@ -456,8 +456,10 @@ def _start(args: argparse.Namespace, workdir: Path, started: list[Spawned]) -> S
             return reference.spawn_reference([engine.url], QWEN3, PARSERS)
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         extra = ["--model-path", str(QWEN3), "--disable-retries", "--log-level", "warning"]
-        extra += ["--tool-call-parser", PARSERS[0], "--reasoning-parser", PARSERS[1], "--workers", str(target.workers)]
-        return spawn_gateway([engine.url], journal=journal, extra=extra, timeout=60.0)
+        extra += ["--tool-call-parser", PARSERS[0], "--reasoning-parser", PARSERS[1]]
+        if target.workers != 1:  # only then: a checkout from before --workers can be measured too
+            extra += ["--workers", str(target.workers)]
+        return spawn_gateway([engine.url], journal=journal, extra=extra, timeout=60.0, root=args.gateway_root)
 
     targets = [t for t in TARGETS if (t.journal is not None or t.reference) and t.key in args.targets]
     failure: BaseException | None = None
@@ -873,6 +875,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--json", type=Path, help="write the raw runs and the summary here")
+    parser.add_argument("--gateway-root", type=Path, help="run the gateway of this checkout (a 'before' figure)")
     parser.add_argument(
         "--compare",
         action="store_true",

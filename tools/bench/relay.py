@@ -85,7 +85,9 @@ def _gateway_args(target: Target) -> list[str]:
     return ["--disable-retries", "--upstream-transport", target.transport or "httpx"]
 
 
-def _start_servers(targets: list[Target], workdir: Path, started: list[Spawned]) -> dict[str, Spawned]:
+def _start_servers(
+    targets: list[Target], workdir: Path, started: list[Spawned], root: Path | None = None
+) -> dict[str, Spawned]:
     """Start the worker, then the gateways in parallel; every started process lands in ``started``."""
     worker = spawn_worker()
     started.append(worker)
@@ -96,7 +98,7 @@ def _start_servers(targets: list[Target], workdir: Path, started: list[Spawned])
         if target.reference:
             return reference.spawn_reference([worker.url])
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
-        return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target))
+        return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target), root=root)
 
     with ThreadPoolExecutor(max_workers=max(1, len(gateways))) as pool:
         futures = {t.key: pool.submit(start, t) for t in gateways}
@@ -123,14 +125,14 @@ def _start_all(
     """The load generator, the worker and the gateways; with ``--pin`` on separate cpus."""
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     if not (args.pin and len(all_cpus) >= 2):
-        return Generator(workdir / "load.log"), _start_servers(targets, workdir, started), "unpinned"
+        return Generator(workdir / "load.log"), _start_servers(targets, workdir, started, args.gateway_root), "unpinned"
     gen_cpus, server_cpus = {max(all_cpus)}, all_cpus - {max(all_cpus)}
     try:
         # A child inherits the cpu mask of the thread that starts it, threads that of their creator.
         _pin(gen_cpus)
         generator = Generator(workdir / "load.log")
         _pin(server_cpus)
-        servers = _start_servers(targets, workdir, started)
+        servers = _start_servers(targets, workdir, started, args.gateway_root)
     finally:
         _pin(all_cpus)
     return generator, servers, f"pinned to cpu {max(all_cpus)}, servers to cpus {sorted(server_cpus)}"
@@ -235,6 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-words", type=int, default=32, help="the echo streams one event per word")
     parser.add_argument("--pin", action="store_true", help="load generator on the last cpu, servers on the rest")
     parser.add_argument("--json", type=Path, help="write the raw runs and the summary here")
+    parser.add_argument("--gateway-root", type=Path, help="run the gateway of this checkout (a 'before' figure)")
     parser.add_argument("--compare", action="store_true", help="measure the reference gateway beside this one")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
