@@ -125,14 +125,15 @@ def _start_all(
     """The load generator, the worker and the gateways; with ``--pin`` on separate cpus."""
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     if not (args.pin and len(all_cpus) >= 2):
-        return Generator(workdir / "load.log"), _start_servers(targets, workdir, started, args.gateway_root), "unpinned"
+        servers = _start_servers(targets, workdir, started, getattr(args, "gateway_root", None))
+        return Generator(workdir / "load.log"), servers, "unpinned"
     gen_cpus, server_cpus = {max(all_cpus)}, all_cpus - {max(all_cpus)}
     try:
         # A child inherits the cpu mask of the thread that starts it, threads that of their creator.
         _pin(gen_cpus)
         generator = Generator(workdir / "load.log")
         _pin(server_cpus)
-        servers = _start_servers(targets, workdir, started, args.gateway_root)
+        servers = _start_servers(targets, workdir, started, getattr(args, "gateway_root", None))
     finally:
         _pin(all_cpus)
     return generator, servers, f"pinned to cpu {max(all_cpus)}, servers to cpus {sorted(server_cpus)}"
