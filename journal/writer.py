@@ -284,6 +284,28 @@ class JournalWriter:
                 return
             await self._queue.put(item)
 
+    def offer(self, request_id: str, seq: int, event: Event) -> bool:
+        """`append` without the coroutine, for the per-token path: False only when the event
+        must wait for room in the queue (then `append` it); otherwise it is queued, or dropped
+        as `append` would drop it."""
+        if self._closed:
+            self._events_dropped += 1
+            return True
+        try:
+            item = (request_id, seq, redacted(event))
+        except Exception:
+            self._events_dropped += 1
+            log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))
+            return True
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            if not self._stalled():
+                return False
+            self._events_dropped += 1
+            self._incident_dropped += 1
+        return True
+
     def _stalled(self) -> bool:
         started = self._commit_started
         return self._problem is not None or (started is not None and time.monotonic() - started > _STALL_S)
@@ -698,6 +720,9 @@ class NullJournal:
 
     async def start(self) -> None:
         return None
+
+    def offer(self, request_id: str, seq: int, event: Event) -> bool:
+        return True
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
         return None

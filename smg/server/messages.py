@@ -137,7 +137,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 async for event in events:
                     await flow.emit(event)
                     _observe(outcome, event)
-                    await responder.run(projection.feed(event))
+                    if actions := projection.feed(event):  # a `tokens` event sends nothing
+                        await responder.run(actions)
             await responder.run(projection.finish())
             if projection.relayed_error is not None:  # what the client was told, for the summary row
                 await flow.emit(projection.relayed_error)
