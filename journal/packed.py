@@ -12,7 +12,7 @@ Every number is an unsigned LEB128 varint; offsets and signed values are zigzagg
 time offset is its time minus the previous entry's, both rounded to the microsecond from the
 row's `t` (so a run's times are exact to 1 µs; the first event's is exact). Entries:
 
-- `tokens`: the ids packed (count, then each id); the prompt and completion counts omitted when
+- `tokens`: the ids packed (count, then each id, zigzagged); the prompt and completion counts omitted when
   they are what the previous `tokens` entry of the row predicts (the same prompt count, the
   completion count grown by this chunk's ids); `finish_reason`/`matched_stop` when set.
 - `block` text, thinking and tool-input deltas: the index (omitted when it is the previous
@@ -153,8 +153,10 @@ def pack(events: Sequence[Event], t0: float, encode: Callable[[Event], bytes]) -
             if flags:
                 body.append(flags)
             _varint(body, len(ids))
-            for token in ids:
-                _varint(body, _uint(token))
+            for token in ids:  # zigzagged: `--journal-bodies redacted` stores every id as -1
+                if type(token) is not int or not -_INT64 <= token < _INT64:
+                    raise ValueError("not a packable token id")
+                _varint(body, _zigzag(token))
             if flags & _F_PROMPT:
                 _varint(body, 0 if event.prompt_tokens is None else _uint(event.prompt_tokens) + 1)
             if flags & _F_COMPLETION:
@@ -271,7 +273,7 @@ def unpack(seq: int, t0: float, data: bytes) -> list[tuple[int, str, float, dict
         if tag == _TOKENS or tag == _TOKENS_FLAGS:
             flags = data[reader.pos] if tag == _TOKENS_FLAGS else 0
             reader.pos += tag == _TOKENS_FLAGS
-            ids = [reader.varint() for _ in range(reader.varint())]
+            ids = [_unzigzag(reader.varint()) for _ in range(reader.varint())]
             completion = None if completion is None else completion + len(ids)
             if flags & _F_PROMPT:
                 prompt = reader.varint() - 1

@@ -34,6 +34,7 @@ def test_every_kind_of_entry_comes_back_as_it_was() -> None:
         Tokens(ids=[], prompt_tokens=None, completion_tokens=None, t=0.5007),
         Tokens(ids=[2**40], prompt_tokens=12, completion_tokens=99, finish_reason="stop", matched_stop=-3, t=0.6),
         Tokens(ids=[1], prompt_tokens=0, completion_tokens=0, matched_stop="</s>", t=0.4),  # time went back
+        Tokens(ids=[-1, -1], prompt_tokens=0, completion_tokens=2, t=0.41),  # ids as `redacted` bodies keep them
         Upstream(part="chunk", data="event: ping\ndata: {}\n\n", t=0.61),
         Upstream(part="chunk", data="aGk=", encoding="base64", t=0.62),  # generic
         Block({"index": 0, "type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}}, t=0.63),
@@ -66,7 +67,6 @@ def test_a_streamed_token_costs_a_few_bytes() -> None:
     "event",
     [
         Block(ev.text_delta(0, "lone \udcff surrogate")),
-        Tokens(ids=[-1]),
         Tokens(ids=[1 << 64]),
         Tokens(ids=[1], matched_stop=1.5),  # type: ignore[arg-type]
     ],
@@ -102,3 +102,22 @@ async def test_the_writer_packs_a_stream_and_stores_the_rest_one_row_each(tmp_pa
     finally:
         conn.close()
     assert kinds.count("run") < 5 and len(kinds) < 10
+
+
+@pytest.mark.parametrize("bodies", ["redacted", "none"])
+async def test_every_body_mode_packs_a_stream(tmp_path: Path, bodies: str) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, bodies=bodies)
+    await writer.start()
+    for seq in range(1, 41):
+        await writer.append("msg_a", seq, Tokens(ids=[seq], prompt_tokens=3, completion_tokens=seq, t=seq / 1000))
+    await writer.close()
+    conn = sqlite3.connect(path)
+    try:
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM events")]
+    finally:
+        conn.close()
+    assert set(kinds) == {"run"} and len(kinds) <= 3
+    with JournalReader(path) as reader:
+        counts = [len(e.ids) for _, e in reader.events("msg_a") if isinstance(e, Tokens)]
+    assert counts == [0 if bodies == "none" else 1] * 40
