@@ -39,10 +39,13 @@ test: $(STAMP)
 	$(BIN)/mypy --strict smg replay journal
 	$(BIN)/python -m pytest -q
 
-# Every bench, one after the other (never in parallel: they measure the same cores).
+# Every bench, one after the other (never in parallel: they measure the same cores). The relay
+# and gRPC benches run the reference gateway (the Rust smg wheel, installed into .cache/ on
+# first use; SMG_REFERENCE_BIN names another copy) beside this one and print the ratios.
 bench: $(STAMP)
-	$(BIN)/python -m tools.bench.relay
-	$(BIN)/python -m tools.bench.grpc
+	$(BIN)/python -m tools.bench.relay --compare
+	$(BIN)/python -m tools.bench.grpc --compare --output-tokens 200
+	$(BIN)/python -m tools.bench.grpc_read
 	$(BIN)/python -m tools.bench.journal
 	$(BIN)/python -m tools.bench.routing
 

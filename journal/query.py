@@ -121,7 +121,8 @@ _FIELDS: dict[str, tuple[str, str]] = {
 FIELDS: tuple[str, ...] = tuple(_FIELDS)
 """The field names a term may use."""
 
-_TEXT_KINDS = "('received', 'upstream', 'block', 'error', 'rejected')"
+# `run`: packed streaming events (journal.packed), whose text section spells their text as JSON.
+_TEXT_KINDS = "('received', 'upstream', 'block', 'error', 'rejected', 'run')"
 _OPS = ("!=", ">=", "<=", "=", ">", "<")  # longest first
 _NUMERIC_OPS = frozenset(_OPS)
 _EQ_OPS = frozenset({"=", "!="})
@@ -406,8 +407,8 @@ class _Compiler:
         needle = orjson.dumps(node.text).decode()[1:-1]
         pattern = self.bind(f"%{like_escape(needle)}%")
         return (
-            "EXISTS (SELECT 1 FROM events AS ev WHERE ev.request_id = requests.id"
-            f" AND ev.kind IN {_TEXT_KINDS} AND ev.data LIKE {pattern} ESCAPE '\\')"
+            "EXISTS (SELECT 1 FROM events AS ev WHERE ev.rk = requests.rk"
+            f" AND ev.kind IN {_TEXT_KINDS} AND CAST(ev.data AS TEXT) LIKE {pattern} ESCAPE '\\')"
         )
 
     def term(self, term: _Term) -> str:

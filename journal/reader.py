@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from journal import schema, search
+from journal import packed, schema, search
 from journal.events import Event, event_from_dict, event_kinds
 from journal.query import compile_query
 
@@ -69,15 +69,33 @@ class JournalReader:
         self._known = frozenset(event_kinds())
         present = {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}
         missing = [c for c in schema.QUERIED_COLUMNS if c not in present]
-        if missing:
-            # An older file: a temporary view (this connection's alone; the file is never
-            # written) stands in for `requests` with the newer columns as NULL, so queries
-            # that name them (`id:` also looks at `client_id`) work on every version.
-            nulls = ", ".join(f"NULL AS {c}" for c in missing)
-            self._conn.execute(f"CREATE TEMP VIEW requests AS SELECT *, {nulls} FROM main.requests")
+        keyed = "rk" in present
+        if missing or not keyed:
+            # An older file: temporary views (this connection's alone; the file is never
+            # written) stand in for `requests` with the newer columns as NULL and the integer
+            # key `rk` that v4 added (the rowid), and for `events` keyed by it, so queries that
+            # name them (`id:` also looks at `client_id`; text search joins on `rk`) work on
+            # every version.
+            nulls = "".join(f", NULL AS {c}" for c in missing)
+            key = "" if keyed else "rowid AS rk, "
+            self._conn.execute(f"CREATE TEMP VIEW requests AS SELECT {key}*{nulls} FROM main.requests")
+            if not keyed:
+                self._conn.execute(
+                    "CREATE TEMP VIEW events AS SELECT r.rowid AS rk, e.seq, e.kind, e.t, e.data"
+                    " FROM main.events AS e JOIN main.requests AS r ON r.id = e.request_id"
+                )
         columns = [c if c in present else f"NULL AS {c}" for c in schema.REQUEST_COLUMNS]
         self._select = f"SELECT {', '.join(columns)} FROM requests"
         self._has_client_id = "client_id" in present
+        # v4 keys events by `requests.rk`; older files by the text id itself.
+        if keyed:
+            self._events_sql = (
+                "SELECT seq, kind, t, data FROM events WHERE rk = (SELECT rk FROM requests WHERE id = ?) ORDER BY seq"
+            )
+            self._exists_sql = "SELECT 1 FROM requests AS r JOIN events AS e ON e.rk = r.rk WHERE r.id = ? LIMIT 1"
+        else:
+            self._events_sql = "SELECT seq, kind, t, data FROM main.events WHERE request_id = ? ORDER BY seq"
+            self._exists_sql = "SELECT 1 FROM main.events WHERE request_id = ? LIMIT 1"
         self.indexed = search.has_index(self._conn)
         """Whether free text is looked up in the full-text index (else scanned for; an older file)."""
 
@@ -191,7 +209,7 @@ class JournalReader:
         """The gateway's id of the request that `request_id` names: itself when events are
         stored under it, else the one request whose client id it is (raises
         `AmbiguousRequestId` when several are). Unknown ids are returned as they are."""
-        if self._conn.execute("SELECT 1 FROM events WHERE request_id = ? LIMIT 1", (request_id,)).fetchone():
+        if self._conn.execute(self._exists_sql, (request_id,)).fetchone():
             return request_id
         if not self._has_client_id or not request_id:
             return request_id
@@ -209,14 +227,18 @@ class JournalReader:
         """`(seq, kind, t, payload)` of a request's events as stored, ordered by seq.
 
         `request_id` is the gateway's id, or a client id that one request has (`resolve`).
+        Packed runs (`journal.packed`) are unpacked: one tuple per event, whatever the storage.
         A payload that strict JSON cannot hold (a lone surrogate escape, written by an older
         smg) is decoded leniently, the surrogate kept as an escape.
         """
-        rows = self._conn.execute(
-            "SELECT seq, kind, t, data FROM events WHERE request_id = ? ORDER BY seq",
-            (self.resolve(request_id),),
-        ).fetchall()
-        return [(seq, kind, t, _loads(data)) for seq, kind, t, data in rows]
+        rows = self._conn.execute(self._events_sql, (self.resolve(request_id),)).fetchall()
+        out: list[tuple[int, str, float, dict[str, Any]]] = []
+        for seq, kind, t, data in rows:
+            if kind == packed.RUN_KIND and isinstance(data, bytes):
+                out.extend(packed.unpack(seq, t, data))
+            else:
+                out.append((seq, kind, t, _loads(data)))
+        return out
 
     def events(self, request_id: str) -> list[tuple[int, Event]]:
         """`(seq, event)` of a request (by either id, as `raw_events`), ordered by seq.
@@ -231,7 +253,7 @@ class JournalReader:
         ]
 
 
-def _loads(data: str) -> Any:
+def _loads(data: str | bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from journal import schema, search
+from journal import packed, schema, search
 
 INFLIGHT_GRACE_S = 3600.0
 _CHUNK = 500  # requests per delete transaction
@@ -127,7 +127,11 @@ def _delete(conn: sqlite3.Connection, ids: list[str]) -> int:
     marks = ", ".join("?" * len(ids))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        events = conn.execute(f"DELETE FROM events WHERE request_id IN ({marks})", ids).rowcount
+        keys = f"SELECT rk FROM requests WHERE id IN ({marks})"
+        # A packed row holds several events: count what it holds, not the row.
+        runs = conn.execute(f"SELECT data FROM events WHERE kind = '{packed.RUN_KIND}' AND rk IN ({keys})", ids)
+        held = sum(packed.count(data) - 1 for (data,) in runs)
+        events = conn.execute(f"DELETE FROM events WHERE rk IN ({keys})", ids).rowcount + held
         search.delete_text(conn, ids)
         conn.execute(f"DELETE FROM requests WHERE id IN ({marks})", ids)
         conn.execute("COMMIT")

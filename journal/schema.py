@@ -5,8 +5,9 @@ version `i` to `i + 1`; each is a plain function of a `sqlite3.Connection` that 
 the transaction `migrate` opens, so a migration and its version bump commit together or not
 at all. Version 1 creates the tables; version 2 adds the indexes that filtered, time-ordered
 listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); version 3 adds
-`client_id`; version 4 the search columns and the full-text index (`journal.search`). Add a
-migration by appending a function; never edit one that has shipped.
+`client_id`; version 4 makes the journal compact (below); version 5 adds the search columns
+and the full-text index (`journal.search`). Add a migration by appending a function; never
+edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
 every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
@@ -15,9 +16,16 @@ unique (a client may reuse one) and NULL when the client sent none. Rows written
 keyed by the echoed id itself; the migration copies it into `client_id`, so a lookup by the id
 a client was given works for old and new rows alike.
 
-Two tables: `events` (the ground truth, one row per event, payload as JSON) and `requests`
-(one summary row per request, folded from its events by `journal.summary`, kept for listing
-and filtering without reading the events).
+Two tables: `events` (the ground truth) and `requests` (one summary row per request, folded
+from its events by `journal.summary`, kept for listing and filtering without reading the
+events).
+
+Compact storage (v4): `requests.rk` is an integer key (the rowid, assigned by SQLite when the
+writer first upserts the request's row, so several processes writing one file never collide),
+and `events` is keyed by `(rk, seq)` (a unique index): no event row repeats the text id, and
+no index repeats it again. An event row is one event with its JSON payload, or (kind
+`run`, `journal.packed`) the consecutive streaming events of one request from one flush window,
+`seq` and `t` of the first. The migration keeps v3's rows as they were (one JSON row each).
 """
 
 from __future__ import annotations
@@ -101,9 +109,91 @@ def _v3(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX requests_client_id ON requests (client_id)")
 
 
-# v4: the search columns and the text index (`journal.search.migrate`).
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3, search.migrate]
+_V4_REQUESTS = """
+    CREATE TABLE requests (
+        rk            INTEGER PRIMARY KEY,  -- the integer key events are stored under
+        id            TEXT NOT NULL UNIQUE,
+        ts            REAL,
+        method        TEXT,
+        path          TEXT,
+        tenant        TEXT,
+        model         TEXT,
+        backend       TEXT,
+        worker        TEXT,
+        stream        INTEGER,
+        status        INTEGER,
+        error_code    TEXT,
+        error_type    TEXT,
+        stop_reason   TEXT,
+        input_tokens  INTEGER,
+        output_tokens INTEGER,
+        ttfe_ms       REAL,
+        duration_ms   REAL,
+        bytes_sent    INTEGER,
+        replay_of     TEXT,
+        completed     INTEGER NOT NULL DEFAULT 0,
+        has_tool_use  INTEGER NOT NULL DEFAULT 0,
+        has_thinking  INTEGER NOT NULL DEFAULT 0,
+        bodies        TEXT DEFAULT 'full',
+        client_id     TEXT
+    )
+"""
+_V3_COLUMNS = (
+    "id, ts, method, path, tenant, model, backend, worker, stream, status, error_code, error_type, stop_reason,"
+    " input_tokens, output_tokens, ttfe_ms, duration_ms, bytes_sent, replay_of, completed, has_tool_use,"
+    " has_thinking, bodies, client_id"
+)
+
+
+def _v4(conn: sqlite3.Connection) -> None:
+    # SQLite cannot add a primary key (or the integer key the events point to) in place: both
+    # tables are rebuilt, requests first so that every event finds its key.
+    conn.execute("ALTER TABLE requests RENAME TO requests_v3")
+    conn.execute("ALTER TABLE events RENAME TO events_v3")
+    conn.execute(_V4_REQUESTS)
+    conn.execute(
+        f"INSERT INTO requests ({_V3_COLUMNS}) SELECT {_V3_COLUMNS} FROM requests_v3 ORDER BY ts, rowid"
+    )
+    # Events whose summary row never made it (they were written in the same transaction, so
+    # this is a safety net) get a bare row, so nothing of the old file is lost.
+    conn.execute(
+        "INSERT INTO requests (id) SELECT DISTINCT request_id FROM events_v3"
+        " WHERE request_id NOT IN (SELECT id FROM requests)"
+    )
+    conn.execute(
+        """
+        CREATE TABLE events (
+            rk    INTEGER NOT NULL,  -- requests.rk
+            seq   INTEGER NOT NULL,  -- the event's (a run's first event's) number in its request
+            kind  TEXT NOT NULL,     -- the event's kind, or `run` (journal.packed)
+            t     REAL NOT NULL,     -- seconds since the request arrived
+            data  BLOB NOT NULL      -- JSON payload without t (TEXT), or a packed run (BLOB)
+        )
+        """
+    )
+    # A rowid table, appended to in rowid order, fills its pages (SQLite splits an index
+    # b-tree, which a WITHOUT ROWID table is, half-full when appending); the unique index on
+    # (rk, seq) costs a few bytes per row, and a row is a whole flush window of a stream.
+    conn.execute("CREATE UNIQUE INDEX events_rk_seq ON events (rk, seq)")
+    conn.execute(
+        "INSERT INTO events (rk, seq, kind, t, data)"
+        " SELECT r.rk, e.seq, e.kind, e.t, e.data FROM events_v3 AS e JOIN requests AS r ON r.id = e.request_id"
+    )
+    conn.execute("DROP TABLE events_v3")
+    conn.execute("DROP TABLE requests_v3")  # its indexes go with it
+    conn.execute("CREATE INDEX requests_ts ON requests (ts)")
+    for column in ("model", "status", "error_code", "backend", "tenant", "stop_reason"):
+        conn.execute(f"CREATE INDEX requests_{column}_ts ON requests ({column}, ts)")
+    for column in ("replay_of", "duration_ms", "ttfe_ms", "client_id"):
+        conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
+
+
+# v5: the search columns and the text index (`journal.search.migrate`).
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+KEYED_VERSION = 4
+"""From this version on events are keyed by `requests.rk` (and may be packed runs)."""
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "id",
@@ -132,7 +222,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "client_id",
     *search.COLUMNS,
 )
-"""The columns of `requests`, in table order."""
+"""The summary columns of `requests`, in table order (v4 puts the integer key `rk` first)."""
 
 FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking", *search.FLAGS)
 """0/1 columns that only ever go from 0 to 1."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from journal import packed
 from journal.events import Block, Completed, Error, Event, Received, Rejected, Upstream, event_from_dict
 
 COLUMNS: tuple[str, ...] = (
@@ -78,7 +79,7 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 
 def _backfill(conn: sqlite3.Connection) -> None:
-    kinds = "('received', 'block', 'upstream', 'error', 'rejected', 'completed')"
+    kinds = f"('received', 'block', 'upstream', 'error', 'rejected', 'completed', '{packed.RUN_KIND}')"
     last = -1
     while True:
         batch = conn.execute(
@@ -91,13 +92,17 @@ def _backfill(conn: sqlite3.Connection) -> None:
         texts: list[tuple[int, str]] = []
         for rowid, request_id, completed, stream in batch:
             row: dict[str, Any] = {"stream": stream}
+            # v4 keys events by the request's integer key (its rowid) and packs streaming runs.
             events = conn.execute(
-                f"SELECT kind, t, data FROM events WHERE request_id = ? AND kind IN {kinds} ORDER BY seq",
-                (request_id,),
+                f"SELECT seq, kind, t, data FROM events WHERE rk = ? AND kind IN {kinds} ORDER BY seq", (rowid,)
             )
-            for kind, t, data in events:
+            for seq, kind, t, data in events:
                 try:
-                    fold(row, event_from_dict(kind, orjson.loads(data), t))
+                    if kind == packed.RUN_KIND:
+                        for _, inner, inner_t, payload in packed.unpack(seq, t, data):
+                            fold(row, event_from_dict(inner, payload, inner_t))
+                    else:
+                        fold(row, event_from_dict(kind, orjson.loads(data), t))
                 except Exception:  # an event an older smg wrote that this one cannot read
                     continue
             updates.append((*(row.get(c, 0) if c in FLAGS else row.get(c) for c in COLUMNS), rowid))

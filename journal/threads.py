@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from journal.events import Received
 from journal.reader import JournalReader
 from journal.search import comparable
 
@@ -77,12 +78,10 @@ def preview(content: Any, limit: int = _PREVIEW) -> str:
 
 def request_body(reader: JournalReader, request_id: str) -> Any:
     """The parsed body of a request's `received` event (None when there is none, or it is not JSON)."""
-    row = reader.connection.execute(
-        "SELECT data FROM events WHERE request_id = ? AND kind = 'received' ORDER BY seq LIMIT 1", (request_id,)
-    ).fetchone()
-    if row is None:
+    received = next((e for _, e in reader.events(request_id) if isinstance(e, Received)), None)
+    if received is None:
         return None
-    body = orjson.loads(row[0]).get("body")
+    body = received.body
     if not isinstance(body, str):
         return None
     try:

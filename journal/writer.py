@@ -4,6 +4,8 @@ Serving code calls `append` for every event. That is a `put_nowait` on an in-mem
 (no I/O, no await on disk); a single writer task takes whatever has queued up, up to
 `max_batch` events, and hands them to the writer thread, which serializes them and writes
 them and the summary rows they touch in ONE transaction, commits, and goes back for more.
+A request's streaming events (`tokens`, `block`, `upstream`) that follow each other in one
+batch are packed into one compact row (`journal.packed`); every other event is a JSON row.
 The same transaction indexes the text of the requests that completed in the batch
 (`journal.search.write_text`, one statement per batch). Under load a batch grows with the
 backlog, so the number of commits per second stays small however many events arrive; when
@@ -18,8 +20,9 @@ Durability contract (WAL, `synchronous=NORMAL`):
   loss may also roll back the last few commits (NORMAL does not fsync each one).
 * What a `kill -9` loses is what had not been committed: the events still queued and the
   batch being written. That is the commit window. The writer starts the next commit as soon
-  as the last one ends, so an event waits for the batch in progress and the events queued
-  ahead of it: milliseconds under normal load; at worst, with the queue full (the writer not
+  as the last one ends but not sooner than `commit_interval_s` (10 ms) after the previous one
+  started, so an event waits for that interval, the batch in progress and the events queued
+  ahead of it: about ten milliseconds under normal load; at worst, with the queue full (the writer not
   keeping up, `append` already applying backpressure), `queue_size` events at the write
   rate: about a second by default (65,536 events at the 60–100k events/s that
   `tools/bench/journal.py` measures on two cores).
@@ -61,8 +64,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from journal import packed, schema, search, summary
 from journal import retention as retention_mod
-from journal import schema, search, summary
 from journal.bodies import BodyFilter
 from journal.events import Event
 from journal.redact import redacted
@@ -82,7 +85,8 @@ _ROW_ERRORS = (
 _FINAL_ATTEMPTS = 3  # retries of what is still pending when the writer closes
 _STALL_S = 1.0  # a commit running longer than this counts as stalled: a full queue drops, not waits
 
-_INSERT_EVENT = "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
+_INSERT_EVENT = "INSERT INTO events (rk, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)"
+_MAX_RUN = 1024  # events per packed row: bounds a row's size (and what one bad event takes with it)
 _FIRST_WINS = frozenset(
     {"ts", "method", "path", "tenant", "replay_of", "ttfe_ms", "bodies", "client_id", *search.FIRST_WINS}
 )
@@ -100,11 +104,12 @@ def _upsert_sql() -> str:
             updates.append(f"{col} = COALESCE(excluded.{col}, requests.{col})")
     return (
         f"INSERT INTO requests ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        f" ON CONFLICT(id) DO UPDATE SET {', '.join(updates)}"
+        f" ON CONFLICT(id) DO UPDATE SET {', '.join(updates)} RETURNING rk"
     )
 
 
 _UPSERT_REQUEST = _upsert_sql()
+_COMPLETED = schema.REQUEST_COLUMNS.index("completed")
 
 
 class Journal(Protocol):
@@ -165,7 +170,8 @@ def encode(event: Event) -> bytes:
         return text.encode("utf-8")
 
 
-_Rows = list[tuple[str, int, str, float, str]]
+# (request id, seq, kind, t, data, events in the row): the text id becomes `rk` at commit time.
+_Rows = list[tuple[str, int, str, float, str | bytes, int]]
 _Params = list[tuple[Any, ...]]
 _Texts = list[tuple[str, str]]  # (text, request id): `journal.search.write_text`
 
@@ -184,13 +190,19 @@ class JournalWriter:
         retention_interval_s: float = 60.0,
         retry_interval_s: float = 1.0,
         busy_timeout_ms: int = 5000,
+        commit_interval_s: float = 0.01,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
         both None) keeps everything. While commits fail, they are retried every
-        `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock."""
+        `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
+        starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
+        larger transactions and longer packed runs, for that much more commit window."""
         if max_batch < 1 or queue_size < 1:
             raise ValueError("queue_size and max_batch must be positive")
+        if commit_interval_s < 0:
+            raise ValueError("commit_interval_s cannot be negative")
+        self._commit_interval = commit_interval_s
         if retention_interval_s <= 0 or retry_interval_s <= 0:
             raise ValueError("retention_interval_s and retry_interval_s must be positive")
         self.path = os.fspath(path)
@@ -211,6 +223,10 @@ class JournalWriter:
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._summaries: dict[str, dict[str, Any]] = {}
+        # In-flight requests' summary parameters and integer key as last committed: a batch
+        # that changes nothing of a summary (a stream's tokens) neither upserts it nor looks up
+        # its key.
+        self._committed: dict[str, tuple[tuple[Any, ...], int]] = {}
         # Prepared batches whose commit failed, retried with the next one (oldest first);
         # at most `_max_pending` events, the oldest batches given up beyond that.
         self._pending: list[tuple[_Rows, _Params, _Texts]] = []
@@ -272,6 +288,28 @@ class JournalWriter:
                 self._incident_dropped += 1
                 return
             await self._queue.put(item)
+
+    def offer(self, request_id: str, seq: int, event: Event) -> bool:
+        """`append` without the coroutine, for the per-token path: False only when the event
+        must wait for room in the queue (then `append` it); otherwise it is queued, or dropped
+        as `append` would drop it."""
+        if self._closed:
+            self._events_dropped += 1
+            return True
+        try:
+            item = (request_id, seq, redacted(event))
+        except Exception:
+            self._events_dropped += 1
+            log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))
+            return True
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            if not self._stalled():
+                return False
+            self._events_dropped += 1
+            self._incident_dropped += 1
+        return True
 
     def _stalled(self) -> bool:
         started = self._commit_started
@@ -380,6 +418,7 @@ class JournalWriter:
         queue = self._queue
         stopping = False
         final_attempts = 0
+        last_start = 0.0
         while True:
             batch: list[Any] = []
             limit = self._max_batch
@@ -390,6 +429,10 @@ class JournalWriter:
                 limit = max(queue.qsize(), 1)
             else:
                 batch.append(await queue.get())
+                wait = last_start + self._commit_interval - time.monotonic()
+                if wait > 0 and batch[0] is not _STOP:
+                    await asyncio.sleep(wait)
+            last_start = time.monotonic()
             while len(batch) < limit:
                 try:
                     batch.append(queue.get_nowait())
@@ -457,7 +500,7 @@ class JournalWriter:
         prepared = self._prepare(events)
         if prepared is not None:
             self._pending.append(prepared)
-            self._pending_events += len(prepared[0])
+            self._pending_events += _event_count(prepared[0])
             self._bound_pending()
         if not self._pending:
             return
@@ -468,37 +511,53 @@ class JournalWriter:
         assert conn is not None
         started = self._commit_started = time.monotonic()
         try:
-            rows = self._transaction(conn, rows, requests, texts)
+            rows, keys = self._transaction(conn, rows, requests, texts)
         finally:
             self._commit_started = None
+        committed = self._committed
+        for params in requests:
+            request_id = params[0]
+            if params[_COMPLETED] == 1:
+                committed.pop(request_id, None)
+            elif request_id in keys:
+                committed[request_id] = (params, keys[request_id])
         elapsed_us = int((time.monotonic() - started) * 1e6)
         self._commit_us_last = elapsed_us
         self._commit_us_max = max(self._commit_us_max, elapsed_us)
         self._commit_us_total += elapsed_us
         self._pending.clear()
         self._pending_events = 0
-        self._events_written += len(rows)
+        written = _event_count(rows)
+        self._events_written += written
         self._batches += 1
-        self._max_batch_seen = max(self._max_batch_seen, len(rows))
+        self._max_batch_seen = max(self._max_batch_seen, written)
 
     def _bound_pending(self) -> None:
         while self._pending_events > self._max_pending and len(self._pending) > 1:
             rows, _, _ = self._pending.pop(0)
-            self._pending_events -= len(rows)
-            self._events_dropped += len(rows)
-            self._incident_dropped += len(rows)
+            count = _event_count(rows)
+            self._pending_events -= count
+            self._events_dropped += count
+            self._incident_dropped += count
 
     def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params, _Texts] | None:
-        """Capture, serialize and fold each event; an event that cannot be is dropped alone."""
+        """Capture, serialize and fold each event; an event that cannot be is dropped alone.
+
+        The streaming events (`journal.packed.PACKABLE`) of one request that follow each other
+        in this batch are packed into one row; any other event is a row of its own.
+        """
         rows: _Rows = []
         touched: dict[str, dict[str, Any]] = {}
         finished: list[str] = []
         body_filter = self._bodies
+        runs: dict[str, list[tuple[int, Event]]] = {}
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
                 event = body_filter(request_id, event)
-                data = encode(event).decode()
+                seq = int(seq)
+                packable = event.kind in packed.PACKABLE
+                data = None if packable else encode(event).decode()
                 row = self._summaries.get(request_id)
                 if row is None:
                     row = {"bodies": body_filter.mode}
@@ -508,67 +567,145 @@ class JournalWriter:
                 log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)
                 continue
             self._summaries[request_id] = row
-            rows.append((request_id, int(seq), event.kind, float(event.t), data))
             touched[request_id] = row
+            run = runs.get(request_id)
+            if run is not None and (not packable or run[-1][0] + 1 != seq or len(run) >= _MAX_RUN):
+                self._close_run(rows, request_id, runs.pop(request_id))
+                run = None
+            if packable:
+                if run is None:
+                    runs[request_id] = [(seq, event)]
+                else:
+                    run.append((seq, event))
+            else:
+                assert data is not None
+                rows.append((request_id, seq, event.kind, float(event.t), data, 1))
             if row.get("completed"):
                 finished.append(request_id)
+        for request_id, run in runs.items():
+            self._close_run(rows, request_id, run)
         if not rows:
             return None
-        requests = [_request_params(row) for row in touched.values()]
+        committed = self._committed
+        requests = [
+            params
+            for params in map(_request_params, touched.values())
+            if (last := committed.get(params[0])) is None or last[0] != params
+        ]
         texts = search.text_rows([touched[request_id] for request_id in dict.fromkeys(finished)])
         for request_id in finished:
             self._summaries.pop(request_id, None)
         self._evict()
         return rows, requests, texts
 
-    def _transaction(self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts) -> _Rows:
-        """Insert the events, upsert the summary rows and index the text of the requests that
-        completed (`journal.search`) in one transaction; the rows written.
+    def _close_run(self, rows: _Rows, request_id: str, run: list[tuple[int, Event]]) -> None:
+        """The row of a run of streaming events (rows, when some event cannot be packed)."""
+        seq, first = run[0]
+        t0 = float(first.t)
+        try:
+            data = packed.pack([event for _, event in run], t0, encode)
+        except Exception:
+            self._split_run(rows, request_id, run)
+            return
+        rows.append((request_id, seq, packed.RUN_KIND, t0, data, len(run)))
 
-        A row SQLite refuses (a duplicate event, a value it cannot bind) costs itself only:
-        the batch is retried row by row without it. Failures of the file itself (locked,
-        full, I/O) raise, and the caller keeps the batch for a later attempt.
+    def _split_run(self, rows: _Rows, request_id: str, run: list[tuple[int, Event]]) -> None:
+        # What the compact form cannot hold (text UTF-8 cannot hold, numbers past 64 bits) is
+        # stored one row each, as JSON, the way anything else is; the events around it are packed.
+        part: list[tuple[int, Event]] = []
+        for seq, event in run:
+            try:
+                packed.pack([event], float(event.t), encode)
+            except Exception:
+                if part:
+                    self._close_run(rows, request_id, part)
+                    part = []
+                try:
+                    rows.append((request_id, seq, event.kind, float(event.t), encode(event).decode(), 1))
+                except Exception:
+                    self._events_dropped += 1
+                    log.exception("journal: cannot serialize %s event of %s", event.kind, request_id)
+            else:
+                part.append((seq, event))
+        if part:
+            self._close_run(rows, request_id, part)
+
+    def _transaction(
+        self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts
+    ) -> tuple[_Rows, dict[str, int]]:
+        """Upsert the summary rows (which gives each request its integer key), insert the
+        events under those keys and index the text of the requests that completed
+        (`journal.search`), in one transaction; the rows written.
+
+        `BEGIN IMMEDIATE` takes the write lock up front: with several gateway processes writing
+        one file, a deferred transaction that upgrades from a read could fail at once instead
+        of waiting. A row SQLite refuses (a duplicate event, a value it cannot bind) costs
+        itself only: the batch is retried row by row without it. Failures of the file itself
+        (locked, full, I/O) raise, and the caller keeps the batch for a later attempt. Returns
+        the rows written and the keys of the requests upserted.
         """
-        conn.execute("BEGIN")
+        known = {request_id: rk for request_id, (_, rk) in self._committed.items()}
+        conn.execute("BEGIN IMMEDIATE")
         try:
             try:
-                conn.executemany(_INSERT_EVENT, rows)
-                conn.executemany(_UPSERT_REQUEST, requests)
+                keys = {params[0]: conn.execute(_UPSERT_REQUEST, params).fetchone()[0] for params in requests}
+                upserted = dict(keys)
+                keys = known | keys
+                missing = {row[0] for row in rows} - keys.keys()
+                for request_id in missing:  # only when a summary row was refused: never lose its events
+                    keys[request_id] = self._key(conn, request_id)
+                conn.executemany(_INSERT_EVENT, [(keys[r[0]], *r[1:5]) for r in rows])
                 search.write_text(conn, texts)
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
-                conn.execute("BEGIN")
-                rows = self._one_by_one(conn, _INSERT_EVENT, rows)
-                self._one_by_one(conn, _UPSERT_REQUEST, requests)
+                conn.execute("BEGIN IMMEDIATE")
+                upserted = {}
+                for params in requests:
+                    try:
+                        upserted[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
+                    except _ROW_ERRORS as exc:
+                        log.error("journal: summary row %s dropped: %s", params[0], exc)
+                rows = self._one_by_one(conn, rows, known | upserted)
                 search.write_text(conn, texts)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        return rows
+        return rows, upserted
 
-    def _one_by_one(self, conn: sqlite3.Connection, sql: str, rows: list[Any]) -> list[Any]:
+    @staticmethod
+    def _key(conn: sqlite3.Connection, request_id: str) -> int:
+        conn.execute("INSERT INTO requests (id) VALUES (?) ON CONFLICT(id) DO NOTHING", (request_id,))
+        return int(conn.execute("SELECT rk FROM requests WHERE id = ?", (request_id,)).fetchone()[0])
+
+    def _one_by_one(self, conn: sqlite3.Connection, rows: _Rows, keys: dict[str, int]) -> _Rows:
         kept = []
         for row in rows:
             try:
-                conn.execute(sql, row)
+                key = keys.get(row[0])
+                if key is None:
+                    key = keys[row[0]] = self._key(conn, row[0])
+                conn.execute(_INSERT_EVENT, (key, *row[1:5]))
                 kept.append(row)
             except _ROW_ERRORS as exc:
-                what = "event" if sql is _INSERT_EVENT else "summary row"
-                if sql is _INSERT_EVENT:
-                    self._events_dropped += 1
-                log.error("journal: %s %s #%s dropped: %s", what, row[0], row[1], exc)
+                self._events_dropped += row[5]
+                log.error("journal: event %s #%s dropped: %s", row[0], row[1], exc)
         return kept
 
     def _evict(self) -> None:
         # Requests that never complete (a crash mid-pipeline) must not grow memory forever.
         # Evicting is safe: the row is in the table and later upserts only fill it in.
-        excess = len(self._summaries) - _MAX_INFLIGHT
-        if excess > 0:
-            for request_id in list(self._summaries)[:excess]:
-                del self._summaries[request_id]
+        for inflight in (self._summaries, self._committed):
+            excess = len(inflight) - _MAX_INFLIGHT
+            if excess > 0:
+                for request_id in list(inflight)[:excess]:
+                    del inflight[request_id]
+
+
+def _event_count(rows: _Rows) -> int:
+    return sum(row[5] for row in rows)
 
 
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -593,6 +730,9 @@ class NullJournal:
 
     async def start(self) -> None:
         return None
+
+    def offer(self, request_id: str, seq: int, event: Event) -> bool:
+        return True
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
         return None

@@ -102,6 +102,7 @@ def spawn(
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
     ready_line: str | None = None,
+    cwd: Path | None = None,
 ) -> Spawned:
     """Start ``args`` in the repository root and wait until ``ready_url`` answers below 500
     (or, for a server that speaks no HTTP, until its output has a line starting ``ready_line``).
@@ -118,7 +119,7 @@ def spawn(
     with os.fdopen(fd, "wb") as log_file:
         proc = subprocess.Popen(
             args,
-            cwd=REPO_ROOT,
+            cwd=cwd or REPO_ROOT,
             env=full_env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -214,8 +215,11 @@ def spawn_gateway(
     port: int | None = None,
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
+    root: Path | None = None,
 ) -> Spawned:
     """Start `smg launch` on 127.0.0.1 in front of ``worker_urls`` and wait for its ``/health``.
+
+    ``root``: run the gateway of another checkout (a bench's "before"), by starting it there.
 
     The gateway discovers its workers before it serves, so once ``/health`` answers the
     model list is known; a tokenizer autoloaded from a gRPC worker may still be loading then
@@ -228,7 +232,7 @@ def spawn_gateway(
         args += ["--worker-urls", *worker_urls]
     args += ["--journal", str(journal)] if journal else ["--no-journal"]
     args += extra or []
-    return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout, env=env)
+    return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout, env=env, cwd=root)
 
 
 def spawn_engine(

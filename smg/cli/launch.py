@@ -3,10 +3,15 @@ connector per worker kind, the journal writer and the Sanic app, and serves."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
+import socket
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
@@ -295,27 +300,92 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     return Router(config.router, connectors), specs
 
 
-def run(config: GatewayConfig, admission: Gates | None = None) -> None:
-    """Serve until interrupted, in this process (one journal writer, one event loop)."""
+def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
+    """Serve until interrupted: in this process (one journal writer, one event loop), or with
+    `workers` > 1 in that many processes sharing one listening socket (see `_serve_forked`)."""
+    if workers < 1:
+        raise LaunchError("--workers must be at least 1")
+    if workers == 1:
+        _serve(config, admission, sock=None, retention=True)
+    else:
+        _serve_forked(config, admission, workers)
+
+
+def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket | None, retention: bool) -> None:
     from journal.writer import JournalWriter, NullJournal
     from smg.server.app import build_app
     from smg.server.connections import default_max_connections, guarded_protocol
 
     router, static = build_router(config)
     journal = (
-        JournalWriter(config.journal_path, bodies=config.journal_bodies, retention=config.journal_retention)
+        JournalWriter(
+            config.journal_path,
+            bodies=config.journal_bodies,
+            retention=config.journal_retention if retention else None,
+        )
         if config.journal_path
         else NullJournal()
     )
     app = build_app(config, router, journal, static, admission=admission)
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     max_connections = config.max_connections or default_max_connections()
+    where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": config.host, "port": config.port}
     app.run(
+        **where,
         protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
-        host=config.host,
-        port=config.port,
         single_process=True,
         access_log=False,
         motd=False,
         debug=False,
     )
+
+
+def _serve_forked(config: GatewayConfig, admission: Gates | None, workers: int) -> None:
+    """`workers` gateway processes on one listening socket, bound here and inherited: the kernel
+    hands each connection to one of them. Each process has its own router, engine channels and
+    journal writer; all writers append to the one journal file (SQLite's write lock serializes
+    their group commits, and request keys are assigned inside those transactions), so `smg
+    journal`, replay and the inspector see every process's requests. Only the first process
+    runs retention. The processes are forked before any of them opens a channel or a loop (gRPC
+    and event loops do not survive a fork); SIGINT/SIGTERM here stop them all, and a process
+    that dies takes the others down with it rather than leaving a gateway that serves less."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    children: list[int] = []
+    for index in range(workers):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 0
+            try:
+                _serve(config, admission, sock=sock, retention=index == 0)
+            except BaseException:
+                log.exception("gateway process %d failed", index)
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+    sock.close()
+    log.info("smg: %d gateway processes (%s)", workers, ", ".join(map(str, children)))
+
+    def stop(signum: int, _frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    alive = set(children)
+    stopping = False
+    while alive:
+        try:
+            pid, _status = os.wait()
+        except ChildProcessError:
+            break
+        alive.discard(pid)
+        if not stopping:
+            stopping = True
+            stop(signal.SIGTERM, None)

@@ -194,6 +194,10 @@ def launch(
     zmq_engine_count: Annotated[
         int, typer.Option(help="ipc:// (ZMQ) workers: the data-parallel engines that dial each worker.")
     ] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(help="Gateway processes sharing the listening socket and the journal file (default: 1)."),
+    ] = 1,
     **flags: Any,
 ) -> None:
     """Start the gateway."""
@@ -257,7 +261,9 @@ def launch(
             observability=observability,
             zmq_engine_count=zmq_engine_count,
         )
+        if workers < 1:
+            raise LaunchError("--workers must be at least 1")
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config, admission)
+    run(config, admission, workers=workers)

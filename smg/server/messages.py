@@ -184,7 +184,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                             _observe(outcome, event)
                             if observer is not None:
                                 observer.see(event)
-                            await responder.run(projection.feed(event))
+                            if actions := projection.feed(event):  # a `tokens` event sends nothing
+                                await responder.run(actions)
             except TimeoutError:
                 if not deadline.expired():
                     raise

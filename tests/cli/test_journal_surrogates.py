@@ -51,7 +51,10 @@ def test_show_reads_a_payload_with_a_lone_surrogate_escape(
         (key,) = conn.execute("SELECT id FROM requests WHERE client_id = 'surrogate-payload'").fetchone()
         data = json.dumps({"stage": "admission", "status": 400, "error_type": "x", "message": "bad \ud800 byte"})
         assert "\\ud800" in data
-        conn.execute("UPDATE events SET data = ? WHERE request_id = ? AND kind = 'error'", (data, key))
+        conn.execute(
+            "UPDATE events SET data = ? WHERE rk = (SELECT rk FROM requests WHERE id = ?) AND kind = 'error'",
+            (data, key),
+        )
         conn.commit()
     finally:
         conn.close()

@@ -217,7 +217,11 @@ async def test_the_summary_row_is_the_same_in_every_mode(tmp_path: Path, mode: s
     )
     conn = sqlite3.connect(path)
     try:
-        stored = "".join(r[0] for r in conn.execute("SELECT data FROM events"))
+        # Packed runs are BLOBs whose text section is UTF-8 (journal.packed): read the bytes as text.
+        stored = "".join(
+            r[0] if isinstance(r[0], str) else r[0].decode("utf-8", "replace")
+            for r in conn.execute("SELECT data FROM events")
+        )
     finally:
         conn.close()
     assert (SECRET_TEXT in stored) is (mode == "full")

@@ -64,13 +64,13 @@ def journal_of(rows: list[Row]) -> Iterator[Path]:
             conn.execute("BEGIN")
             for row in rows:
                 cols = list(row.values)
-                conn.execute(
+                rk = conn.execute(
                     f"INSERT INTO requests ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row.values[c] for c in cols],
-                )
+                ).lastrowid
                 conn.executemany(
                     "INSERT INTO events VALUES (?, ?, ?, 0.0, ?)",
-                    [(row.values["id"], seq, kind, data) for seq, (kind, data) in enumerate(row.events, 1)],
+                    [(rk, seq, kind, data) for seq, (kind, data) in enumerate(row.events, 1)],
                 )
                 # The text index holds the searched events' text, as the writer gathers it.
                 search.write_text(conn, [(indexed_text(row), row.values["id"])])

@@ -106,7 +106,7 @@ async def test_list_filters_orders_and_counts(tmp_path: Path) -> None:
 def test_unknown_kinds_are_skipped_but_kept_raw(sample_journal: Path) -> None:
     conn = sqlite3.connect(sample_journal)
     conn.execute(
-        "INSERT INTO events VALUES ('req_b', 2, 'from_the_future', 0.5, ?)",
+        "INSERT INTO events VALUES ((SELECT rk FROM requests WHERE id = 'req_b'), 2, 'from_the_future', 0.5, ?)",
         (orjson.dumps({"x": 1}).decode(),),
     )
     conn.commit()

@@ -68,7 +68,7 @@ def orphan_events(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
         return int(
-            conn.execute("SELECT count(*) FROM events WHERE request_id NOT IN (SELECT id FROM requests)").fetchone()[0]
+            conn.execute("SELECT count(*) FROM events WHERE rk NOT IN (SELECT rk FROM requests)").fetchone()[0]
         )
     finally:
         conn.close()

@@ -16,7 +16,7 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
         assert schema.SCHEMA_VERSION == 4
-        assert schema.schema_version(conn) == 4
+        assert schema.schema_version(conn) == len(schema.MIGRATIONS)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -44,9 +44,10 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
-        assert columns == schema.REQUEST_COLUMNS
+        assert columns == ("rk", *schema.REQUEST_COLUMNS)
         event_columns = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
-        assert event_columns == ["request_id", "seq", "kind", "t", "data"]
+        assert event_columns == ["rk", "seq", "kind", "t", "data"]
+        assert "events_rk_seq" in indexes
     finally:
         conn.close()
 
@@ -204,3 +205,72 @@ def test_a_version_three_journal_gets_its_search_columns_and_text_from_its_event
         assert row["hung_up"] is True and row["cut_mid_stream"] is True
         assert reader.count("zebra") == reader.count('"striped answer"') == reader.count("hung_up:yes") == 1
         assert reader.count("crossings") == 0
+
+
+async def test_a_version_three_journal_reads_migrates_and_rebuilds_the_same_bytes(tmp_path: Path) -> None:
+    """A file the v3 writer made (one JSON row per event, keyed by the text id): read as it is,
+    then migrated to v4 (integer keys, packed runs) with every event, search and response intact."""
+    from journal.events import Tokens
+    from journal.writer import encode
+    from smg.projection import reconstruct
+    from tests.journal.test_writer import streaming_request
+
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.apply_pragmas(conn)
+    schema.migrate(conn, schema.MIGRATIONS[:3])
+    old_events = streaming_request()
+    old_events[3:3] = [Tokens(ids=[7, 151644], prompt_tokens=12, completion_tokens=5, t=0.0201)]
+    for rid in ("msg_old_a", "msg_old_b"):
+        conn.executemany(  # as the v3 writer stored them
+            "INSERT INTO events (request_id, seq, kind, t, data) VALUES (?, ?, ?, ?, ?)",
+            [(rid, seq, e.kind, e.t, encode(e).decode()) for seq, e in enumerate(old_events, 1)],
+        )
+        conn.execute(
+            "INSERT INTO requests (id, ts, model, status, completed, client_id) VALUES (?, 5.0, 'claude-x', 200, 1, ?)",
+            (rid, f"client-{rid}"),
+        )
+    conn.close()
+
+    def snapshot() -> tuple[object, ...]:
+        with JournalReader(path) as reader:
+            return (
+                reader.raw_events("msg_old_a"),
+                reader.raw_events("client-msg_old_b"),
+                reconstruct(e for _, e in reader.events("msg_old_a")),
+                reader.count('"ünïcödé"'),
+                reader.count("id:client-msg_old_a"),
+                [r["id"] for r in reader.list_requests()],
+            )
+
+    before = snapshot()  # read-only: the v3 file as it is
+    assert before[3] == 2 and before[4] == 1
+
+    writer = JournalWriter(path)  # a v4 gateway migrates it and writes packed rows beside
+    await writer.start()
+    new_events = streaming_request(ts=6.0)
+    for seq, event in enumerate(new_events, 1):
+        await writer.append("msg_new", seq, event)
+    await writer.close()
+
+    conn = sqlite3.connect(path)
+    try:
+        assert schema.schema_version(conn) == len(schema.MIGRATIONS)
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        keys = dict(conn.execute("SELECT id, rk FROM requests"))
+        assert sorted(keys.values()) == [1, 2, 3] and keys["msg_new"] == 3
+        old_rows = conn.execute("SELECT count(*) FROM events WHERE rk IN (1, 2)").fetchone()[0]
+        assert old_rows == 2 * len(old_events)  # v3 rows are kept one per event
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM events WHERE rk = 3 ORDER BY seq")]
+        assert "run" in kinds and len(kinds) < len(new_events)
+    finally:
+        conn.close()
+
+    after = snapshot()
+    assert after[:3] == before[:3] and after[4] == before[4]
+    assert after[3] == 3  # the new request's packed text is searched like the old rows
+    assert after[5] == ["msg_new", *before[5]]
+    with JournalReader(path) as reader:
+        rebuilt_new = reconstruct(e for _, e in reader.events("msg_new"))
+        assert [e.to_dict() for _, e in reader.events("msg_new")] == [e.to_dict() for e in new_events]
+    assert rebuilt_new.body == reconstruct(new_events).body

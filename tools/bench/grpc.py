@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from tools.bench import reference
 from tools.bench.common import csv_ints, csv_list, load_average, stop_all
 from tools.bench.load import _cpu_seconds, percentiles
 from tools.bench.relay import Generator
@@ -68,6 +70,7 @@ ANSWER = (
 )
 DEFAULTS: dict[str, Any] = {"duration": 2.0, "warmup": 0.5, "reps": 3, "output_tokens": 256, "concurrency": [1, 16, 64]}
 QUICK: dict[str, Any] = {"duration": 0.2, "warmup": 0.05, "reps": 1, "output_tokens": 64, "concurrency": [1, 8]}
+PARSERS = ("qwen", "qwen3")  # tool-call and reasoning parsers, the same for both gateways
 _HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
 _TAIL = 1024  # bytes of a stream kept to read its closing message_delta
 _SAMPLES = 5  # error descriptions kept per run
@@ -79,11 +82,21 @@ class Target:
 
     key: str
     label: str
-    journal: bool | None = None  # None: the engine directly
+    journal: bool | None = None  # None: the engine directly (or the reference gateway)
+    workers: int = 1  # gateway processes (`--workers`)
+    reference: bool = False  # the reference gateway (Rust smg from PyPI), not this one
 
 
 DIRECT = Target("direct", "a grpc.aio client on the engine itself")
-TARGETS = (DIRECT, Target("gw+J", "gateway, journal on", True), Target("gw-J", "gateway, --no-journal", False))
+REFERENCE = Target("ref", f"the reference gateway (Rust smg {reference.VERSION} from PyPI)", reference=True)
+TARGETS = (
+    DIRECT,
+    REFERENCE,
+    Target("gw+J", "gateway, journal on", True),
+    Target("gw-J", "gateway, --no-journal", False),
+    Target("gw+Jx2", "gateway, journal on, --workers 2", True, workers=2),
+)
+DEFAULT_TARGETS = ("direct", "gw+J", "gw-J")  # `--compare` adds ref and gw+Jx2
 
 
 # --- the load generator (runs in its own process) ------------------------------------------------
@@ -105,7 +118,7 @@ class Job:
     duration: float | None = None
     warmup: float = 0.0
     timeout: float = 60.0
-    watch_pids: dict[str, int] = field(default_factory=dict)  # name -> pid whose CPU time is read
+    watch_pids: dict[str, list[int]] = field(default_factory=dict)  # name -> pids whose CPU time is summed
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Job:
@@ -270,6 +283,23 @@ def _counts(tally: _Tally, sent: int) -> dict[str, Any]:
     }
 
 
+def _cpu_sum(pids: list[int]) -> float | None:
+    values = [_cpu_seconds(pid) for pid in pids]
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _rss_mb(pids: list[int]) -> float | None:
+    """Resident memory of `pids` together, in MB, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return None
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return round(total / 1024, 1)
+
+
 async def _measure(job: Job, one: Callable[[_Tally], Awaitable[None]]) -> dict[str, Any]:
     """Warm up, then measure on the same connections; CPU times are read around the measured phase."""
     warm = None
@@ -277,11 +307,12 @@ async def _measure(job: Job, one: Callable[[_Tally], Awaitable[None]]) -> dict[s
         warm_tally, warm_sent, _ = await _phase(one, job, None, job.warmup)
         warm = _counts(warm_tally, warm_sent)
     duration = job.duration if job.duration is not None or job.requests is not None else 1.0
-    before = {name: _cpu_seconds(pid) for name, pid in job.watch_pids.items()}
+    before = {name: _cpu_sum(pids) for name, pids in job.watch_pids.items()}
     own0 = time.process_time()
     tally, sent, elapsed = await _phase(one, job, job.requests, duration)
     own = time.process_time() - own0
-    after = {name: _cpu_seconds(pid) for name, pid in job.watch_pids.items()}
+    after = {name: _cpu_sum(pids) for name, pids in job.watch_pids.items()}
+    rss = {name: _rss_mb(pids) for name, pids in job.watch_pids.items()}
     cpu: dict[str, float | None] = {}
     for name in job.watch_pids:
         b, a = before[name], after[name]
@@ -294,6 +325,11 @@ async def _measure(job: Job, one: Callable[[_Tally], Awaitable[None]]) -> dict[s
         "rps": round(len(tally.latency) / elapsed, 2) if elapsed > 0 else 0.0,
         "latency_ms": percentiles(tally.latency, (0.5, 0.95)),
         "cpu_ms_per_1k_tokens": cpu,
+        "cpu_ms_per_request": {
+            name: round(v * tally.tokens / 1000 / len(tally.latency), 3) if v is not None and tally.latency else None
+            for name, v in cpu.items()
+        },
+        "rss_mb": rss,
         "generator_cpu": round(own / elapsed, 3) if elapsed > 0 else 0.0,
     }
     if job.stream:
@@ -416,11 +452,16 @@ def _start(args: argparse.Namespace, workdir: Path, started: list[Spawned]) -> S
     gateways: dict[str, Spawned] = {}
 
     def start(target: Target) -> Spawned:
+        if target.reference:
+            return reference.spawn_reference([engine.url], QWEN3, PARSERS)
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         extra = ["--model-path", str(QWEN3), "--disable-retries", "--log-level", "warning"]
-        return spawn_gateway([engine.url], journal=journal, extra=extra, timeout=60.0)
+        extra += ["--tool-call-parser", PARSERS[0], "--reasoning-parser", PARSERS[1]]
+        if target.workers != 1:  # only then: a checkout from before --workers can be measured too
+            extra += ["--workers", str(target.workers)]
+        return spawn_gateway([engine.url], journal=journal, extra=extra, timeout=60.0, root=args.gateway_root)
 
-    targets = [t for t in TARGETS if t.journal is not None and t.key in args.targets]
+    targets = [t for t in TARGETS if (t.journal is not None or t.reference) and t.key in args.targets]
     failure: BaseException | None = None
     with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
         futures = {t.key: pool.submit(start, t) for t in targets}
@@ -445,13 +486,19 @@ def _start(args: argparse.Namespace, workdir: Path, started: list[Spawned]) -> S
 def _prime(engine: Spawned, gateways: dict[str, Spawned], script: dict[str, Any], control: EngineControl) -> Setup:
     """One request through each gateway (it must answer in full); the prompt as the engine got it."""
     body = {"model": MODEL, "max_tokens": len(script["token_ids"]), "messages": [{"role": "user", "content": PROMPT}]}
-    prompts = []
+    prompts: list[tuple[list[int], str]] = []
+    reference_prompt: tuple[list[int], str] = ([], "")
     for key, gateway in gateways.items():
         response = httpx.post(f"{gateway.url}/v1/messages", json=body, timeout=30.0)
         if response.status_code != 200 or response.json()["usage"]["output_tokens"] != len(script["token_ids"]):
             raise RuntimeError(f"{key} answered the priming request with {response.status_code}: {response.text}")
         tokenized = control.received()[-1]["tokenized"]
-        prompts.append(([int(i) for i in tokenized["input_ids"]], tokenized.get("original_text", "")))
+        prompt = ([int(i) for i in tokenized["input_ids"]], tokenized.get("original_text", ""))
+        if key == REFERENCE.key:
+            reference_prompt = prompt  # its own rendering; only ours must agree with each other
+        else:
+            prompts.append(prompt)
+    prompts = prompts or [reference_prompt]
     if any(p != prompts[0] for p in prompts):
         raise RuntimeError("the gateways sent the engine different prompts")
     ids, text = prompts[0]
@@ -472,7 +519,7 @@ def _measure_all(args: argparse.Namespace, setup: Setup, generator: Generator) -
                 for target in targets[shift:] + targets[:shift]:
                     progress.update(task, description=f"{scenario_name(stream, conc)} {target.key}")
                     gateway = setup.gateways.get(target.key)
-                    pids = {"engine": engine_pid} | ({"gateway": gateway.proc.pid} if gateway else {})
+                    pids = {"engine": [engine_pid]} | ({"gateway": _gateway_pids(gateway)} if gateway else {})
                     job = Job(
                         kind="gateway" if gateway else "direct",
                         url=gateway.url if gateway else setup.engine.url,
@@ -496,6 +543,16 @@ def _measure_all(args: argparse.Namespace, setup: Setup, generator: Generator) -
         if proc.proc.poll() is not None:
             raise RuntimeError(f"{name} exited during the bench:\n{proc.log()[-2000:]}")
     return runs
+
+
+def _gateway_pids(gateway: Spawned) -> list[int]:
+    """The gateway's process and, with `--workers`, the processes it forked."""
+    pid = gateway.proc.pid
+    try:
+        children = [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    return [pid, *children]
 
 
 def _header(args: argparse.Namespace, setup: Setup, load_before: str) -> list[str]:
@@ -689,6 +746,73 @@ def summary_table(grouped: dict[tuple[bool, int], dict[str, list[dict[str, Any]]
     return table
 
 
+def comparison_table(grouped: dict[tuple[bool, int], dict[str, list[dict[str, Any]]]]) -> Table:
+    """This gateway against the reference (`--compare`): the ratios the performance goals name."""
+    table = _table("vs reference")
+    titles = (
+        "ref CPU/req ms",
+        "gw+J CPU/req ms",
+        "gw+J/ref CPU",
+        "gw-J/ref CPU",
+        "gw+J/ref tok/s",
+        "+J/-J tok/s",
+        "x2/x1 tok/s",
+        "ttfe ref",
+        "ttfe gw+J",
+        "RSS ref MB",
+        "RSS gw+J MB",
+        "RSS x2 MB",
+    )
+    for title in titles:
+        table.add_column(title, justify="right")
+    cpu = "cpu_ms_per_request.gateway"
+    for (stream, conc), by_target in grouped.items():
+
+        def cell(key: str, name: str, digits: int = 2, by_target: dict[str, list[dict[str, Any]]] = by_target) -> str:
+            return _num(_cell(by_target[key], name), digits) if key in by_target else "-"
+
+        def ratio(a: str, b: str, name: str, by_target: dict[str, list[dict[str, Any]]] = by_target) -> str:
+            return _num(_ratio(by_target, a, b, name), 2) if a in by_target and b in by_target else "-"
+
+        table.add_row(
+            scenario_name(stream, conc),
+            cell("ref", cpu, 3),
+            cell("gw+J", cpu, 3),
+            ratio("gw+J", "ref", cpu),
+            ratio("gw-J", "ref", cpu),
+            ratio("gw+J", "ref", "tokens_per_s"),
+            ratio("gw+J", "gw-J", "tokens_per_s"),
+            ratio("gw+Jx2", "gw+J", "tokens_per_s"),
+            cell("ref", "first_event_ms.p50") if stream else "-",
+            cell("gw+J", "first_event_ms.p50") if stream else "-",
+            cell("ref", "rss_mb.gateway", 0),
+            cell("gw+J", "rss_mb.gateway", 0),
+            cell("gw+Jx2", "rss_mb.gateway", 0),
+        )
+    return table
+
+
+def journal_bytes(workdir: Path) -> list[str]:
+    """Bytes on disk per output token of each journal a gateway wrote (pages in use, WAL included)."""
+    lines = []
+    for path in sorted(workdir.glob("journal-*.db")):
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            pages -= conn.execute("PRAGMA freelist_count").fetchone()[0]
+            used = pages * conn.execute("PRAGMA page_size").fetchone()[0]
+            tokens = conn.execute("SELECT sum(output_tokens), count(*) FROM requests").fetchone()
+        finally:
+            conn.close()
+        if tokens[0]:
+            key = path.stem.removeprefix("journal-")
+            lines.append(
+                f"journal of {key}: {used / tokens[0]:.1f} B per output token ({used:,} B, {tokens[1]:,} requests,"
+                f" {tokens[0]:,} output tokens)"
+            )
+    return lines
+
+
 def render(console: Console, header: list[str], runs: list[dict[str, Any]]) -> None:
     for line in header:
         console.print(line, highlight=False)
@@ -698,6 +822,8 @@ def render(console: Console, header: list[str], runs: list[dict[str, Any]]) -> N
     for (stream, conc), by_target in grouped.items():
         console.print(scenario_table(stream, conc, by_target))
     console.print(summary_table(grouped))
+    if any("ref" in by_target for by_target in grouped.values()):
+        console.print(comparison_table(grouped))
     for run in runs:
         warm = run.get("warmup", {})
         if run["errors"] or warm.get("errors"):
@@ -720,7 +846,8 @@ def run_bench(args: argparse.Namespace, console: Console) -> tuple[list[dict[str
     try:
         generator = GrpcGenerator(workdir / "load.log")
         setup = _start(args, workdir, started)
-        return _measure_all(args, setup, generator), _header(args, setup, load_before)
+        runs = _measure_all(args, setup, generator)
+        return runs, _header(args, setup, load_before) + journal_bytes(workdir)
     except BaseException:
         failed = True
         raise
@@ -744,13 +871,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         type=csv_list,
-        default=[t.key for t in TARGETS],
+        default=list(DEFAULT_TARGETS),
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--json", type=Path, help="write the raw runs and the summary here")
+    parser.add_argument("--gateway-root", type=Path, help="run the gateway of this checkout (a 'before' figure)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="measure the reference gateway (installed on demand) and --workers 2 beside this one",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         return args
+    if args.compare:
+        args.targets = list(dict.fromkeys([*args.targets, REFERENCE.key, "gw+Jx2"]))
     preset = QUICK if args.quick else DEFAULTS
     for name, value in preset.items():
         if getattr(args, name) is None:

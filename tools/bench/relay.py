@@ -31,8 +31,9 @@ import orjson
 from rich.console import Console
 from rich.progress import Progress
 
+from tools.bench import reference
 from tools.bench.common import csv_ints, csv_list, load_average, stop_all
-from tools.bench.report import DIRECT, TARGETS, Run, Target, render, scenario_name, summary
+from tools.bench.report import DIRECT, REFERENCE, TARGETS, Run, Target, render, scenario_name, summary
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway, spawn_worker
 
 DEFAULTS = {"duration": 1.0, "warmup": 0.3, "reps": 3}
@@ -84,16 +85,20 @@ def _gateway_args(target: Target) -> list[str]:
     return ["--disable-retries", "--upstream-transport", target.transport or "httpx"]
 
 
-def _start_servers(targets: list[Target], workdir: Path, started: list[Spawned]) -> dict[str, Spawned]:
+def _start_servers(
+    targets: list[Target], workdir: Path, started: list[Spawned], root: Path | None = None
+) -> dict[str, Spawned]:
     """Start the worker, then the gateways in parallel; every started process lands in ``started``."""
     worker = spawn_worker()
     started.append(worker)
     servers = {DIRECT.key: worker}
-    gateways = [t for t in targets if t.journal is not None]
+    gateways = [t for t in targets if t.journal is not None or t.reference]
 
     def start(target: Target) -> Spawned:
+        if target.reference:
+            return reference.spawn_reference([worker.url])
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
-        return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target))
+        return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target), root=root)
 
     with ThreadPoolExecutor(max_workers=max(1, len(gateways))) as pool:
         futures = {t.key: pool.submit(start, t) for t in gateways}
@@ -120,14 +125,15 @@ def _start_all(
     """The load generator, the worker and the gateways; with ``--pin`` on separate cpus."""
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     if not (args.pin and len(all_cpus) >= 2):
-        return Generator(workdir / "load.log"), _start_servers(targets, workdir, started), "unpinned"
+        servers = _start_servers(targets, workdir, started, getattr(args, "gateway_root", None))
+        return Generator(workdir / "load.log"), servers, "unpinned"
     gen_cpus, server_cpus = {max(all_cpus)}, all_cpus - {max(all_cpus)}
     try:
         # A child inherits the cpu mask of the thread that starts it, threads that of their creator.
         _pin(gen_cpus)
         generator = Generator(workdir / "load.log")
         _pin(server_cpus)
-        servers = _start_servers(targets, workdir, started)
+        servers = _start_servers(targets, workdir, started, getattr(args, "gateway_root", None))
     finally:
         _pin(all_cpus)
     return generator, servers, f"pinned to cpu {max(all_cpus)}, servers to cpus {sorted(server_cpus)}"
@@ -165,7 +171,7 @@ def _measure_all(
                             "concurrency": conc,
                             "target": target.key,
                             "rep": rep,
-                            "gateway_pid": server.proc.pid if target.journal is not None else None,
+                            "gateway_pid": server.proc.pid if target.key != DIRECT.key else None,
                             "worker_pid": worker.proc.pid,
                             **result,
                         }
@@ -226,17 +232,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         type=csv_list,
-        default=[t.key for t in TARGETS],
+        default=[t.key for t in TARGETS if not t.reference],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--prompt-words", type=int, default=32, help="the echo streams one event per word")
     parser.add_argument("--pin", action="store_true", help="load generator on the last cpu, servers on the rest")
     parser.add_argument("--json", type=Path, help="write the raw runs and the summary here")
+    parser.add_argument("--gateway-root", type=Path, help="run the gateway of this checkout (a 'before' figure)")
+    parser.add_argument("--compare", action="store_true", help="measure the reference gateway beside this one")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for name, value in preset.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.compare and REFERENCE.key not in args.targets:
+        args.targets.append(REFERENCE.key)
     unknown = set(args.targets) - {t.key for t in TARGETS}
     if unknown or not args.targets:
         parser.error(f"--targets: unknown {sorted(unknown)}; choose from {[t.key for t in TARGETS]}")

@@ -28,13 +28,16 @@ class Target:
 
     key: str
     label: str
-    journal: bool | None = None  # None: the worker directly
+    journal: bool | None = None  # None: the worker directly (or the reference gateway)
     transport: str | None = None
+    reference: bool = False  # the reference gateway (Rust smg from PyPI, `--compare`)
 
 
 DIRECT = Target("direct", "the worker directly")
+REFERENCE = Target("ref", "the reference gateway (Rust smg from PyPI)", reference=True)
 TARGETS = (
     DIRECT,
+    REFERENCE,
     Target("httpx+J", "gateway, httpx upstream, journal on", True, "httpx"),
     Target("httpx-J", "gateway, httpx upstream, --no-journal", False, "httpx"),
     Target("aiohttp+J", "gateway, aiohttp upstream, journal on", True, "aiohttp"),
@@ -48,6 +51,9 @@ _RATIOS = (
     ("rps h/a -J", "httpx-J", "aiohttp-J", "rps"),
     ("gwCPU h/a +J", "httpx+J", "aiohttp+J", "gw_cpu"),
     ("gwCPU h/a -J", "httpx-J", "aiohttp-J", "gw_cpu"),
+    ("gwCPU +J/ref", "aiohttp+J", "ref", "gw_cpu"),
+    ("gwCPU -J/ref", "aiohttp-J", "ref", "gw_cpu"),
+    ("rps +J/ref", "aiohttp+J", "ref", "rps"),
 )
 LEGEND = (
     "targets: direct = the worker itself; httpx/aiohttp = gateway with that upstream transport; +J journal on, "
@@ -57,7 +63,8 @@ LEGEND = (
     "  request; gen = load generator CPU (near 100%: the generator is the limit); err = failed requests (non-200,",
     "  broken stream, timeout)",
     "ratios, run by run, median [min-max]: on/off = req/s journal on / off; h/a = httpx / aiohttp, of req/s",
-    "  (below 1: httpx slower) or of gateway CPU per request (above 1: httpx costs more)",
+    "  (below 1: httpx slower) or of gateway CPU per request (above 1: httpx costs more); /ref = this gateway",
+    "  (aiohttp upstream) against the reference gateway (ref, with --compare)",
 )
 
 

@@ -348,8 +348,12 @@ class GrpcEngineClient(ABC):
         rpc = self.stub().Generate(self.generate_request(call), metadata=tracing.grpc_metadata())
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
+        read = rpc.read
+        eof = grpc.aio.EOF
         try:
-            async for response in rpc:
+            # `read()` rather than `async for`: one async generator fewer per message, ~20% less
+            # CPU per message on uvloop (tools/bench/grpc_read.py).
+            while (response := await read()) is not eof:
                 raw = self._read(response)
                 if done is not None or raw is None:
                     continue  # n = 1: nothing follows the `complete` but the status

@@ -64,6 +64,11 @@ class MarkerParser:
         text = self._take_held() + text
         while text:
             markers = self._live_markers()
+            if not any(m[0] in text for m in markers):
+                # No marker can begin in this text, not even as a held tail: the common case of
+                # each token's delta, answered without searching.
+                self._emit(text, out)
+                break
             hits = [(i, m) for m in markers if (i := text.find(m)) >= 0]
             if hits:
                 i, marker = min(hits)
