@@ -15,7 +15,7 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 4
+        assert schema.SCHEMA_VERSION == 5
         assert schema.schema_version(conn) == len(schema.MIGRATIONS)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
