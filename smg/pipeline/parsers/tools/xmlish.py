@@ -63,7 +63,8 @@ class XmlCallParser(ToolParser):
         self._streaming = self.stream_strings and self._declared == "string"
         self._value_begun = False
         self._value = []
-        self._holds = self.value_ends + tuple("\n" + end for end in self.value_ends)
+        # The template's newline before the closing tag may be CRLF: hold it whole, drop it whole.
+        self._holds = self.value_ends + tuple(nl + end for nl in ("\n", "\r\n") for end in self.value_ends)
         self.mode = "value"
 
     def _decode(self, text: str) -> str:
@@ -88,7 +89,7 @@ class XmlCallParser(ToolParser):
             return False
         text = self._consume(i)
         if self._streaming:
-            self._args(_escaped(text[:-1] if text.endswith("\n") else text) + '"')
+            self._args(_escaped(_without_closing_newline(text)) + '"')
         else:
             self._finish_value("".join(self._value) + text)
         if end == self.value_ends[0]:
@@ -141,3 +142,11 @@ class XmlCallParser(ToolParser):
 def _escaped(text: str) -> str:
     """`text` as the inside of a JSON string."""
     return dumps(text)[1:-1] if text else ""
+
+
+def _without_closing_newline(text: str) -> str:
+    """A streamed value's last piece without the template's newline before the closing tag
+    (as `values.strip_newlines` drops it from a whole value)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
