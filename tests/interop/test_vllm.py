@@ -59,8 +59,17 @@ def _engine_healthy(target: str) -> bool:
             return False
 
 
-def _start_vllm(python: str, model: Path, scratch: Path) -> Spawned:
-    """vLLM's gRPC server on a free port, in its own process group, once HealthCheck says healthy."""
+def start_vllm(
+    python: str,
+    model: Path,
+    scratch: Path,
+    *,
+    served_name: str = MODEL,
+    window: int = WINDOW,
+    env: dict[str, str] | None = None,
+) -> Spawned:
+    """vLLM's gRPC server on a free port, in its own process group, once HealthCheck says healthy
+    (`env`: variables added to the engine's environment)."""
     port = free_port()
     args = [
         python,
@@ -73,28 +82,29 @@ def _start_vllm(python: str, model: Path, scratch: Path) -> Spawned:
         "--port",
         str(port),
         "--max-model-len",
-        str(WINDOW),
+        str(window),
         "--enforce-eager",
         "--dtype",
         "bfloat16",
         "--served-model-name",
-        MODEL,
+        served_name,
     ]
     # vLLM leaves ipc sockets and caches behind in TMPDIR and its cache root: keep them in scratch.
-    env = {
+    environment = {
         **os.environ,
         "TMPDIR": str(scratch),
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     log_path = scratch / "vllm.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             args,
             cwd=REPO_ROOT,
-            env=env,
+            env=environment,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -123,7 +133,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[Spawned]:
     scratch = Path(tempfile.mkdtemp(prefix="smg-vllm-"))
-    spawned = _start_vllm(os.environ[PYTHON_ENV], model_dir, scratch)
+    spawned = start_vllm(os.environ[PYTHON_ENV], model_dir, scratch)
     try:
         yield spawned
     finally:

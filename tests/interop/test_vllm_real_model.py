@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.interop.test_vllm import ENGINE_START_TIMEOUT, PYTHON_ENV, _engine_healthy
-from tools.spawn import REPO_ROOT, Spawned, free_port, spawn_gateway
+from tests.interop.test_vllm import PYTHON_ENV, start_vllm
+from tools.spawn import Spawned, spawn_gateway
 
 REAL_MODEL_ENV = "SMG_VLLM_REAL_MODEL"
 MODEL = "smollm2-135m-instruct"
@@ -58,57 +56,21 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[Spawned]:
     scratch = Path(tempfile.mkdtemp(prefix="smg-vllm-real-"))
-    port = free_port()
-    args = [
-        os.environ[PYTHON_ENV],
-        "-m",
-        "vllm.entrypoints.launchers.grpc_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(WINDOW),
-        "--enforce-eager",
-        "--dtype",
-        "bfloat16",
-        "--served-model-name",
-        MODEL,
-    ]
-    env = {
-        **os.environ,
-        "TMPDIR": str(scratch),
-        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "SMG_VLLM_SERVICER_WARMUP": "off",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log_path = scratch / "vllm.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            args,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    spawned = Spawned(proc, f"grpc://127.0.0.1:{port}", log_path)
     try:
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT
-        while not _engine_healthy(f"127.0.0.1:{port}"):
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode} before serving:\n{spawned.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not serve within {ENGINE_START_TIMEOUT:g}s:\n{spawned.log()[-4000:]}")
-            time.sleep(0.5)
-        yield spawned
+        # The servicer's own warm-up is off: it would add a minute to the start on this CPU.
+        spawned = start_vllm(
+            os.environ[PYTHON_ENV],
+            model_dir,
+            scratch,
+            served_name=MODEL,
+            window=WINDOW,
+            env={"SMG_VLLM_SERVICER_WARMUP": "off"},
+        )
+        try:
+            yield spawned
+        finally:
+            spawned.stop(timeout=15.0)
     finally:
-        spawned.stop(timeout=15.0)
         shutil.rmtree(scratch, ignore_errors=True)
 
 

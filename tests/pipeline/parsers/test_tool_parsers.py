@@ -692,3 +692,10 @@ def test_generated_xml_calls(name: str, data: st.DataObject) -> None:
     query = (lambda q: q) if name == "qwen_xml" else strip_newlines
     expected = [("search", {"query": query(q), "limit": n}) for q, n in params]
     assert result(run(name, chunked(output, cuts))) == (before if before.strip() else "", expected)
+
+
+@pytest.mark.parametrize("name", ["glm45_moe", "glm47_moe"])
+def test_a_crlf_before_the_closing_tag_is_the_templates_whole(name: str) -> None:
+    output = glm_call("search", {"query": "0\r\n", "limit": "0"}, newlines=False)
+    for cuts in ([], list(range(len(output)))):
+        assert result(run(name, chunked(output, cuts))) == ("", [("search", {"query": "0", "limit": 0})])

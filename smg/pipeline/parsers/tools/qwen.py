@@ -66,6 +66,8 @@ class QwenXmlParser(XmlCallParser):
     A `<function=…>` without the `<tool_call>` before it is accepted too, and so are missing
     `</parameter>` / `</function>` closings."""
 
+    crlf_closing = False  # its template writes "\n" around every value: only that is the template's
+
     name = "qwen_xml"
     start_markers = (START, FUNCTION)
     value_ends = (END_PARAMETER, PARAMETER, END_FUNCTION, END)

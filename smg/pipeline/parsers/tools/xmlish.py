@@ -31,6 +31,10 @@ class XmlCallParser(ToolParser):
     after_value = "params"
     # The closing marker of the format's call block, dropped if it follows a call cut short.
     block_end = ""
+    # A value written bare takes a newline it ends with, CRLF included, for the template's (as
+    # `values.strip_newlines` does for a whole value); a format whose template writes its own
+    # "\n" around every value gives up exactly that one character.
+    crlf_closing = True
 
     # The call being read: its parameters' declared types and how many members went out; the
     # parameter being read: its name, type, whether it streams, and what of it is held.
@@ -63,7 +67,9 @@ class XmlCallParser(ToolParser):
         self._streaming = self.stream_strings and self._declared == "string"
         self._value_begun = False
         self._value = []
-        self._holds = self.value_ends + tuple("\n" + end for end in self.value_ends)
+        # The template's newline before the closing tag may be CRLF: hold it whole, drop it whole.
+        newlines = ("\n", "\r\n") if self.crlf_closing else ("\n",)
+        self._holds = self.value_ends + tuple(nl + end for nl in newlines for end in self.value_ends)
         self.mode = "value"
 
     def _decode(self, text: str) -> str:
@@ -88,7 +94,7 @@ class XmlCallParser(ToolParser):
             return False
         text = self._consume(i)
         if self._streaming:
-            self._args(_escaped(text[:-1] if text.endswith("\n") else text) + '"')
+            self._args(_escaped(_without_closing_newline(text, self.crlf_closing)) + '"')
         else:
             self._finish_value("".join(self._value) + text)
         if end == self.value_ends[0]:
@@ -141,3 +147,11 @@ class XmlCallParser(ToolParser):
 def _escaped(text: str) -> str:
     """`text` as the inside of a JSON string."""
     return dumps(text)[1:-1] if text else ""
+
+
+def _without_closing_newline(text: str, crlf: bool) -> str:
+    """A streamed value's last piece without the template's newline before the closing tag
+    (as `values.strip_newlines` drops it from a whole value)."""
+    if crlf and text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
