@@ -24,8 +24,10 @@ Durability contract (WAL, `synchronous=NORMAL`):
   started, so an event waits for that interval, the batch in progress and the events queued
   ahead of it: about ten milliseconds under normal load; at worst, with the queue full (the writer not
   keeping up, `append` already applying backpressure), `queue_size` events at the write
-  rate: about a second by default (65,536 events at the 60–100k events/s that
-  `tools/bench/journal.py` measures on two cores).
+  rate: about a quarter of a second by default (16,384 events at the 60–100k events/s that
+  `tools/bench/journal.py` measures on two cores; less while the event loop, which shares
+  the GIL with the writer thread, keeps both cores busy). The queue is kept that small on
+  purpose: a bigger one lets a saturated gateway run further ahead of its journal.
 * Batches commit whole and in append order, so after a crash every request's stored events
   are a prefix of what was appended (no gaps) and its summary row agrees with them; a
   request whose `completed` event was lost shows `completed = 0`.
@@ -34,8 +36,8 @@ Durability contract (WAL, `synchronous=NORMAL`):
 
 When commits fail (a full disk, a lock held past `busy_timeout_ms`, an I/O error) serving
 goes on: the prepared batch is held and retried every `retry_interval_s` with what queued up
-meanwhile; at most `queue_size` prepared events are held (the oldest batches beyond that are
-given up) and, while failing, a full queue drops new events instead of blocking `append`.
+meanwhile; at most `max_held` events are held in all, queued or prepared (the oldest batches
+beyond that are given up) and, while failing, a full queue drops new events instead of blocking `append`.
 `problem` says why commits fail (None once one succeeds again; `/readiness` reports it), one
 log line marks the start of an incident and one its end, and `stats` counts what was written,
 held and dropped. An event that cannot be serialized, or a row SQLite refuses, is dropped
@@ -183,7 +185,8 @@ class JournalWriter:
         self,
         path: str | os.PathLike[str],
         *,
-        queue_size: int = 65536,
+        queue_size: int = 16384,
+        max_held: int = 131072,
         max_batch: int = 4096,
         bodies: str = "full",
         retention: tuple[float | None, int | None] | None = None,
@@ -194,7 +197,8 @@ class JournalWriter:
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
-        both None) keeps everything. While commits fail, they are retried every
+        both None) keeps everything. `max_held`: the events kept in memory while commits fail,
+        the queue's included (at least twice `queue_size`). While commits fail, they are retried every
         `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
         starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
         larger transactions and longer packed runs, for that much more commit window."""
@@ -231,7 +235,7 @@ class JournalWriter:
         # at most `_max_pending` events, the oldest batches given up beyond that.
         self._pending: list[tuple[_Rows, _Params, _Texts]] = []
         self._pending_events = 0
-        self._max_pending = queue_size
+        self._max_pending = max(max_held - queue_size, queue_size)
         self._problem: str | None = None
         self._incident_since = 0.0
         self._incident_dropped = 0

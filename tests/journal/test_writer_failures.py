@@ -34,7 +34,7 @@ async def test_a_full_disk_is_one_incident_and_serving_never_waits(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "j.db"
-    writer = JournalWriter(path, queue_size=200, retry_interval_s=0.05)
+    writer = JournalWriter(path, queue_size=200, max_held=400, retry_interval_s=0.05)
     await writer.start()
     await writer.append("before", 1, Received(method="POST", path="/v1/messages"))
     await writer.flush()
@@ -50,7 +50,7 @@ async def test_a_full_disk_is_one_incident_and_serving_never_waits(
     stats = writer.stats
     assert stats["failing"] == 1 and stats["incidents"] == 1 and stats["events_dropped"] > 0
     held = stats["pending_events"] + stats["queue_depth"]
-    assert held <= 2 * 200  # bounded: the queue plus the pending batches
+    assert held <= 400  # bounded: the queue plus the pending batches, max_held in all
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "cannot commit" in errors[0].getMessage()  # not one per batch
 
