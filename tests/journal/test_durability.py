@@ -124,7 +124,7 @@ def test_kill_9_under_load_loses_at_most_the_last_commit_window(tmp_path: Path) 
         # Every request that completed before the last commit window is there, complete.
         for request_id in durable:
             raw = reader.raw_events(request_id)
-            assert raw, (request_id, reader.resolve(request_id), reader.get_request(request_id))
+            assert raw, request_id
             kinds = [kind for _, kind, _, _ in raw]
             assert [seq for seq, _, _, _ in raw] == list(range(1, len(raw) + 1)), request_id
             assert kinds[0] == "received" and kinds[-1] == "completed", (request_id, kinds)
@@ -138,7 +138,7 @@ def test_kill_9_under_load_loses_at_most_the_last_commit_window(tmp_path: Path) 
         rows = reader.list_requests(limit=1_000_000)
         for row in rows:
             events = reader.events(row["id"])
-            assert events, (row, reader.raw_events(row["id"]), sqlite3.connect(journal).execute("select rk, seq, kind from events where rk = (select rk from requests where id = ?)", (row["id"],)).fetchall())
+            assert events, row["id"]
             assert [seq for seq, _ in events] == list(range(1, len(events) + 1)), row["id"]
             assert isinstance(events[0][1], Received)
             folded: dict[str, object] = {}
