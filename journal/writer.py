@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import os
@@ -111,6 +112,23 @@ def _upsert_sql() -> str:
 
 
 _UPSERT_REQUEST = _upsert_sql()
+
+
+def _merge(col: str) -> str:
+    """How a new value of `col` meets the stored one: the upsert's rules, as SQL with one `?`."""
+    if col in schema.FLAG_COLUMNS:
+        return f"MAX({col}, ?)"
+    if col in _FIRST_WINS:
+        return f"COALESCE({col}, ?)"
+    return f"COALESCE(?, {col})"
+
+
+@functools.lru_cache(maxsize=512)
+def _update_sql(changed: tuple[int, ...]) -> str:
+    sets = ", ".join(f"{schema.REQUEST_COLUMNS[i]} = {_merge(schema.REQUEST_COLUMNS[i])}" for i in changed)
+    return f"UPDATE requests SET {sets} WHERE rk = ?"
+
+
 _COMPLETED = schema.REQUEST_COLUMNS.index("completed")
 
 
@@ -649,11 +667,16 @@ class JournalWriter:
         the rows written and the keys of the requests upserted.
         """
         known = {request_id: rk for request_id, (_, rk) in self._committed.items()}
+        # Retried batches may hold several snapshots of one summary: the last one has it all.
+        requests = list({params[0]: params for params in requests}.values())
+        changes, changed, requests = self._changes(requests)
         conn.execute("BEGIN IMMEDIATE")
         try:
             try:
+                for sql, values in changes.items():
+                    conn.executemany(sql, values)
                 keys = {params[0]: conn.execute(_UPSERT_REQUEST, params).fetchone()[0] for params in requests}
-                upserted = dict(keys)
+                upserted = changed | keys
                 keys = known | keys
                 missing = {row[0] for row in rows} - keys.keys()
                 for request_id in missing:  # only when a summary row was refused: never lose its events
@@ -664,7 +687,13 @@ class JournalWriter:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
-                upserted = {}
+                upserted = dict(changed)
+                for sql, values in changes.items():
+                    for value in values:
+                        try:
+                            conn.execute(sql, value)
+                        except _ROW_ERRORS as exc:
+                            log.error("journal: summary update of key %s dropped: %s", value[-1], exc)
                 for params in requests:
                     try:
                         upserted[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
@@ -678,6 +707,29 @@ class JournalWriter:
                 conn.execute("ROLLBACK")
             raise
         return rows, upserted
+
+    def _changes(self, requests: _Params) -> tuple[dict[str, list[tuple[Any, ...]]], dict[str, int], _Params]:
+        """Split `requests` into updates and upserts. A summary already committed by this
+        writer changes only the columns whose values differ from its last commit: an
+        `UPDATE … WHERE rk = ?` of those columns (same merge rules as the upsert; a column sent
+        again unchanged would merge to what it already holds), so SQLite rewrites only the
+        indexes on them, not all of the table's. Returns the statements with their
+        parameters, the keys of the requests they update, and the requests to upsert."""
+        updates: dict[str, list[tuple[Any, ...]]] = {}
+        updated: dict[str, int] = {}
+        rest: _Params = []
+        committed = self._committed
+        for params in requests:
+            last = committed.get(params[0])
+            if last is None:
+                rest.append(params)
+                continue
+            before, rk = last
+            changed = tuple(i for i in range(1, len(params)) if params[i] != before[i])
+            if changed:
+                updates.setdefault(_update_sql(changed), []).append((*(params[i] for i in changed), rk))
+                updated[params[0]] = rk
+        return updates, updated, rest
 
     @staticmethod
     def _key(conn: sqlite3.Connection, request_id: str) -> int:

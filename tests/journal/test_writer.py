@@ -213,6 +213,46 @@ async def test_summary_built_across_batches_and_late_events(tmp_path: Path) -> N
     )
 
 
+def _summary_rows(path: Path) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT * FROM requests ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_a_summary_committed_in_pieces_is_the_summary_committed_at_once(tmp_path: Path) -> None:
+    # Later commits of a request change only the columns that differ from its last commit
+    # (so SQLite rewrites only their indexes); the row must end up exactly as one commit of
+    # all the events makes it, at every split of the events into batches.
+    events = streaming_request()
+    rejected = [
+        Received(method="POST", path="/v1/messages", body="{}"),
+        Rejected(status=400, code="x", error_type="invalid_request_error", message="no"),
+    ]
+    whole = tmp_path / "whole.db"
+    await write(whole, {"req_s": events, "req_r": rejected})
+    for every in (1, 2, 3, 5):
+        pieces = tmp_path / f"pieces-{every}.db"
+        writer = JournalWriter(pieces)
+        await writer.start()
+        statements: list[str] = []
+        assert writer._conn is not None
+        writer._conn.set_trace_callback(statements.append)
+        for request_id, evs in (("req_s", events), ("req_r", rejected)):
+            for seq, event in enumerate(evs):
+                await writer.append(request_id, seq, event)
+                if seq % every == every - 1:
+                    await writer.flush()
+        await writer.close()
+        assert _summary_rows(pieces) == _summary_rows(whole), every
+        if every < len(events):
+            assert any(sql.startswith("UPDATE requests SET") for sql in statements)
+    # Completion, after the stream was committed, touches the columns it changes, no others.
+    updates = [sql for sql in statements if sql.startswith("UPDATE requests SET")]
+    assert updates and all("model =" not in sql and "trace_id =" not in sql for sql in updates), updates
+
+
 async def test_rejected_request_summary(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     events: list[Event] = [
