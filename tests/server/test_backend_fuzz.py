@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from journal.reader import JournalReader
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 QWEN3 = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3"
@@ -147,16 +148,21 @@ def _assert_complete(journal: Path, expected: int) -> None:
                 break
             time.sleep(0.1)
         assert pending == 0 and total == expected
-        broken = conn.execute(
-            """
-            SELECT r.id FROM requests r JOIN events e ON e.request_id = r.id
-            GROUP BY r.id
-            HAVING count(*) != max(e.seq) OR min(e.seq) != 1
-                OR sum(e.kind = 'received') != 1 OR sum(e.kind = 'completed') != 1
-                OR max(CASE WHEN e.kind = 'received' THEN e.seq END) != 1
-                OR max(CASE WHEN e.kind = 'completed' THEN e.seq END) != max(e.seq)
-            """
-        ).fetchall()
+        # Each request's events through the reader (a packed row holds several): numbered
+        # 1..n, one `received` first and one `completed` last.
+        broken = []
+        with JournalReader(journal) as reader:
+            for (request_id,) in conn.execute("SELECT id FROM requests"):
+                raw = reader.raw_events(request_id)
+                kinds = [kind for _, kind, _, _ in raw]
+                if (
+                    [seq for seq, _, _, _ in raw] != list(range(1, len(raw) + 1))
+                    or kinds.count("received") != 1
+                    or kinds.count("completed") != 1
+                    or kinds[0] != "received"
+                    or kinds[-1] != "completed"
+                ):
+                    broken.append((request_id, kinds))
         assert broken == []
         server_errors = conn.execute("SELECT count(*) FROM requests WHERE status >= 500").fetchone()[0]
         assert server_errors == 0
