@@ -10,6 +10,8 @@ streams at a time of `tokens` one-token chunks each, built with the gateway's ow
 - `read`: `await call.read()` until `grpc.aio.EOF`
 - `thread`: the synchronous stub iterated in a thread per stream (grpc-core waits without the
   GIL), messages handed to the loop in batches: one wake-up for what arrived while it was busy
+- `wire`: `smg.backends.grpc.wire`, HTTP/2 on asyncio with no gRPC library (what
+  `EngineClient.generate` uses); each message parsed into its protobuf class, as the others are
 
 Run: ``python -m tools.bench.grpc_read [--tokens N] [--requests N] [--concurrency N]``.
 """
@@ -28,12 +30,13 @@ from tools.bench.grpc import MODEL, QWEN3, WINDOW, answer_ids
 from tools.engine_control import EngineControl
 from tools.spawn import spawn_engine
 
-VARIANTS = [(loop, read) for loop in ("asyncio", "uvloop") for read in ("iter", "read", "thread")]
+VARIANTS = [(loop, read) for loop in ("asyncio", "uvloop") for read in ("iter", "read", "thread", "wire")]
 
 
 async def _client(url: str, read: str, tokens: int, requests: int, concurrency: int) -> dict[str, Any]:
     import grpc.aio
 
+    from smg.backends.grpc import wire
     from smg.backends.grpc.engines import connect
     from smg.backends.grpc.types import GenerateCall
 
@@ -41,9 +44,18 @@ async def _client(url: str, read: str, tokens: int, requests: int, concurrency: 
     prompt = answer_ids(32)
     messages = 0
 
+    channel = wire.Channel(client.target)
+    path, parse = wire.method_path(client.pb, "Generate")
+
     async def one(i: int) -> None:
         nonlocal messages
         request = client.generate_request(GenerateCall(request_id=f"r{i}", input_ids=prompt, max_tokens=tokens))
+        if read == "wire":
+            stream = await channel.stream(path, request.SerializeToString())
+            while (data := await stream.read()) is not None:
+                parse(data)
+                messages += 1
+            return
         call = client.stub().Generate(request)
         if read == "iter":
             async for _ in call:
@@ -72,6 +84,7 @@ async def _client(url: str, read: str, tokens: int, requests: int, concurrency: 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     await client.close()
+    channel.close()
     return {"us_per_message": round(cpu * 1e6 / messages, 2), "messages_per_s": round(messages / wall), "n": messages}
 
 

@@ -42,8 +42,14 @@ class MarkerParser:
         self.start_consumed = start_consumed
         self._held = ""
         self._strip_answer = False
+        self._leads = self._lead_chars()
 
     def feed(self, pieces: Sequence[Piece]) -> list[Piece]:
+        if len(pieces) == 1 and not self._held and not self._strip_answer:
+            # The common case, once per token: one delta in which no marker can begin.
+            piece = pieces[0]
+            if type(piece) is Text and not any(c in piece.text for c in self._leads):
+                return [Thinking(piece.text) if self.in_reasoning else piece] if piece.text else []
         out: list[Piece] = []
         for piece in pieces:
             if isinstance(piece, Text):
@@ -97,6 +103,11 @@ class MarkerParser:
             self.start_consumed = True
             self.in_reasoning = True
             self._strip_answer = False
+        self._leads = self._lead_chars()
+
+    def _lead_chars(self) -> tuple[str, ...]:
+        """The first characters of the live markers: text with none of them cannot hold one."""
+        return tuple(dict.fromkeys(m[0] for m in self._live_markers()))
 
     def _take_held(self) -> str:
         held, self._held = self._held, ""
