@@ -117,6 +117,12 @@ class PairLease(Lease, Protocol):
     @property
     def prefill(self) -> Lease: ...
 
+    def encoder(self, key: str) -> Lease:
+        """An EPD attempt's encode worker for one media item, chosen by the encode policy with
+        `key` (the item's content hash) as its routing key; settled with the pair. Raises
+        `ApiError` when the pool has no encode worker available."""
+        ...
+
 
 Attempts = AsyncIterator[Lease]
 

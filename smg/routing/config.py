@@ -31,6 +31,14 @@ class RouterConfig:
             "--decode-policy", "PD: the decode workers' policy (default: --policy).", choices=POLICY_NAMES
         ),
     )
+    encode_policy: str | None = field(
+        default=None,
+        metadata=option(
+            "--encode-policy",
+            "EPD: the encode workers' policy, one choice per image keyed by its content hash (default: --policy).",
+            choices=POLICY_NAMES,
+        ),
+    )
     policies: PolicyConfig = field(default_factory=PolicyConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

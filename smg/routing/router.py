@@ -106,6 +106,10 @@ def no_decode_servers() -> ApiError:
     return ApiError(503, "No decode servers available", code="no_decode_servers")
 
 
+def no_encode_servers() -> ApiError:
+    return ApiError(503, "No encode servers available", code="no_encode_servers")
+
+
 class WorkerRefused(ValueError):
     """A worker that cannot be registered, said plainly (a 400 on the worker API)."""
 
@@ -333,8 +337,14 @@ class Router:
     def _dispatch(
         self, key: str, backend: str, call: Call, workers: list[Worker], role: str | None = None
     ) -> Dispatch:
-        policy_name = {"prefill": self.config.prefill_policy, "decode": self.config.decode_policy}.get(role or "")
-        empty = {"prefill": no_prefill_servers, "decode": no_decode_servers}.get(role or "", no_available_workers)
+        policy_name = {
+            "prefill": self.config.prefill_policy,
+            "decode": self.config.decode_policy,
+            "encode": self.config.encode_policy,
+        }.get(role or "")
+        empty = {"prefill": no_prefill_servers, "decode": no_decode_servers, "encode": no_encode_servers}.get(
+            role or "", no_available_workers
+        )
         return Dispatch(
             backend=backend,
             model=call.model,
@@ -358,7 +368,8 @@ class Router:
         else:
             prefill = self._dispatch(key, connector.name, call, workers, "prefill")
             decode = self._dispatch(key, connector.name, call, workers, "decode")
-            dispatch = PairDispatch(prefill, decode, self.config.retry)
+            encode = self._dispatch(key, connector.name, call, workers, "encode") if key.startswith("epd-") else None
+            dispatch = PairDispatch(prefill, decode, self.config.retry, encode)
         attempts = dispatch.attempts()
         try:
             async with aclosing(connector.handle(call, workers, attempts)) as events:
