@@ -28,7 +28,8 @@ and never breaks the serving path. Keys (all optional):
 An answer with no body kind is the path's default answer when its status is 200, else an empty body.
 
 Run: ``python -m tools.scripted_worker --host 127.0.0.1 --port N [--models a,b]
-[--max-model-len 4096] [--api-format openai|anthropic]``.
+[--max-model-len 4096] [--api-format openai|anthropic] [--owned-by NAME]`` (``--owned-by`` is the
+OpenAI listing's ``owned_by``, default ``scripted``: ``vllm`` makes the gateway take it for vLLM).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class WorkerConfig:
     models: tuple[str, ...] = ("scripted-model",)
     max_model_len: int = 4096
     api_format: str = "openai"
+    owned_by: str = "scripted"
 
 
 @dataclass
@@ -330,7 +332,7 @@ def models_listing(config: WorkerConfig) -> dict[str, Any]:
             "id": m,
             "object": "model",
             "created": 0,
-            "owned_by": "scripted",
+            "owned_by": config.owned_by,
             "max_model_len": config.max_model_len,
         }
         for m in config.models
@@ -547,9 +549,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="scripted-model", help="comma-separated model ids")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--api-format", choices=("openai", "anthropic"), default="openai")
+    parser.add_argument("--owned-by", default="scripted")
     args = parser.parse_args(argv)
     models = tuple(m for m in (s.strip() for s in args.models.split(",")) if m)
-    config = WorkerConfig(models or ("scripted-model",), args.max_model_len, args.api_format)
+    config = WorkerConfig(models or ("scripted-model",), args.max_model_len, args.api_format, args.owned_by)
     app = create_app(config, name=f"scripted_worker_{args.port}")
     app.run(host=args.host, port=args.port, single_process=True, access_log=False, motd=False)
 

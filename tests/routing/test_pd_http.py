@@ -165,3 +165,88 @@ def test_launch_refuses_pd_without_both_roles() -> None:
         text=True,
     )
     assert run.returncode == 2 and "--decode" in run.stderr
+
+
+# --- vLLM: sequential, the prefill's KV params handed to decode ---------------------------------
+
+
+@pytest.fixture
+def vllm_legs(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    owned = ["--owned-by", "vllm"]
+    prefill, decode = spawn_worker(models=[MODEL], extra=owned), spawn_worker(models=[MODEL], extra=owned)
+    journal = tmp_path / "vllm-pd.db"
+    gw = spawn_gateway(
+        [],
+        journal=journal,
+        extra=["--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url, "--disable-retries"],
+    )
+    p, d = Scripted(prefill.url), Scripted(decode.url)
+    p.reset()
+    d.reset()
+    try:
+        yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+HANDOFF = {"do_remote_prefill": True, "remote_engine_id": "eng0", "remote_block_ids": [1, 2], "remote_host": "h"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_pair_prefills_sanitized_then_decodes_with_the_returned_kv_params(
+    vllm_legs: dict[str, Any], stream: bool
+) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    prefill.script({"json": {"type": "message", "content": [], "kv_transfer_params": HANDOFF}})
+    body = {**BODY, "stream": stream, "stream_options": {"include_usage": True}, "n": 1, "min_tokens": 2}
+    reply = httpx.post(gw.url + "/v1/messages", json=body, headers=HEADERS)
+    assert reply.status_code == 200, reply.text
+    if stream:
+        assert "event: message_start" in reply.text  # the decode worker's streamed echo
+    else:
+        assert reply.json()["type"] == "message"
+    (first,), (second,) = prefill.received(), decode.received()
+    sent = first["json"]
+    assert sent["stream"] is False and sent["max_tokens"] == 1 and sent["n"] == 1
+    assert "stream_options" not in sent and "min_tokens" not in sent
+    assert sent["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False}
+    assert sent["messages"] == BODY["messages"]
+    decoded = second["json"]
+    assert decoded["kv_transfer_params"] == HANDOFF
+    assert decoded["stream"] is stream and decoded["max_tokens"] == BODY["max_tokens"] and decoded["min_tokens"] == 2
+    for leg in (sent, decoded):
+        assert not {"bootstrap_host", "bootstrap_port", "bootstrap_room"} & set(leg)
+    for leg in (first, second):
+        assert leg["headers"]["authorization"] == "Bearer client" and "cookie" not in leg["headers"]
+    events = wait_for_events(vllm_legs["journal"], reply.headers["x-request-id"])
+    assert [e.worker for e in events if isinstance(e, Routed)] == list(vllm_legs["urls"])
+    parts = [e.part for e in events if isinstance(e, Upstream)]
+    assert parts[:2] == ["prefill:head", "prefill:body"] and "head" in parts[2:]
+
+
+def test_vllm_prefill_failure_is_the_answer_and_decode_is_never_sent(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    refusal = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
+    prefill.script({"status": 400, "json": refusal})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "no"
+    assert decode.received() == []
+
+
+def test_vllm_prefill_without_kv_params_lets_decode_recompute(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    prefill.script({"json": {"type": "message", "content": []}})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 200, reply.text
+    (second,) = decode.received()
+    assert "kv_transfer_params" not in second["json"]
+
+
+def test_vllm_fan_out_skips_the_prefill_leg(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    reply = httpx.post(gw.url + "/v1/messages", json={**BODY, "n": 2})
+    assert reply.status_code == 200, reply.text
+    assert prefill.received() == [] and len(decode.received()) == 1

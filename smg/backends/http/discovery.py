@@ -3,7 +3,9 @@
 Both the OpenAI list shape (`{"object":"list","data":[{"id",…,"max_model_len"}]}`) and the
 Anthropic one (`{"data":[{"type":"model","id"}],"has_more"}`) are understood. The context
 window is read from the first of `context_length`, `max_context_length`, `max_model_len`,
-`max_total_tokens`, `max_seq_len` that a model entry carries.
+`max_total_tokens`, `max_seq_len` that a model entry carries. An entry `owned_by` an engine the
+gateway knows (`vllm`, `sglang`) names the worker's runtime, as the reference gateway detects it
+(a vLLM prefill/decode pair is served sequentially).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import httpx
 
 from smg.backends.base import Discovery, Target, WorkerUnreachable
 
+_RUNTIMES = ("vllm", "sglang")
 _WINDOW_KEYS = ("context_length", "max_context_length", "max_model_len", "max_total_tokens", "max_seq_len")
 
 
@@ -34,6 +37,16 @@ def parse_model_list(payload: Any) -> dict[str, int | None]:
     return out
 
 
+def runtime_of(payload: Any) -> str | None:
+    """The engine an OpenAI model list says serves it (`owned_by`), if one the gateway knows."""
+    entries = payload.get("data") if isinstance(payload, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        owner = entry.get("owned_by") if isinstance(entry, dict) else None
+        if isinstance(owner, str) and owner.lower() in _RUNTIMES:
+            return owner.lower()
+    return None
+
+
 def _auth(target: Target) -> dict[str, str]:
     return {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
@@ -43,14 +56,15 @@ async def discover(target: Target, client: httpx.AsyncClient, timeout: float = 5
     try:
         resp = await client.get(f"{target.url}/v1/models", headers=_auth(target), timeout=timeout)
         resp.raise_for_status()
-        models = parse_model_list(resp.json())
+        payload = resp.json()
+        models = parse_model_list(payload)
     except (httpx.HTTPError, ValueError) as exc:
         raise WorkerUnreachable(repr(exc)) from None
     try:
         healthy = await check_health(target, client, timeout)
     except WorkerUnreachable:
         healthy = False
-    return Discovery(models=models, healthy=healthy)
+    return Discovery(models=models, healthy=healthy, runtime=runtime_of(payload))
 
 
 async def check_health(

@@ -7,6 +7,14 @@ decode leg's answer, streamed or not, relayed as it arrives. The prefill leg's a
 journaled first, as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
 leg fails, its status and error are the client's answer. count_tokens goes to one prefill
 worker, without bootstrap fields, like any relayed request.
+
+A pair whose prefill worker is vLLM (its model list is `owned_by: vllm`) is served sequentially,
+as vLLM's disaggregation has no rendezvous: the prefill leg is sent alone, sanitized for the KV
+handoff (`stream: false`, `stream_options` and `min_tokens` removed, `n` 1, `max_tokens: 1`) and
+tagged with NIXL's `kv_transfer_params` (`do_remote_decode`); once it answers, the decode leg gets
+the client's request with the `kv_transfer_params` the prefill returned (none: the decode
+recomputes the prompt). Neither leg has bootstrap fields. A request with `n` > 1 skips the prefill
+leg, as the reference does: the single-consumer handoff cannot serve its fan-out.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncGenerator, Sequence
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -32,6 +40,7 @@ from smg.protocol.errors import ApiError, describe_exception, describe_upstream_
 
 _MESSAGES = "/v1/messages"
 _ROOM_BITS = 63
+NIXL_PREFILL_PARAMS: dict[str, Any] = {"do_remote_decode": True, "do_remote_prefill": False}
 
 log = logging.getLogger("smg.pd")
 
@@ -43,6 +52,29 @@ def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
     body["bootstrap_port"] = prefill.bootstrap_port
     body["bootstrap_room"] = room
     return codec.dumps(body)
+
+
+def vllm_prefill_body(body: dict[str, Any]) -> bytes:
+    """A vLLM prefill leg: the request sanitized for the KV handoff, tagged for the connector."""
+    leg = dict(body)
+    leg["stream"] = False
+    leg.pop("stream_options", None)
+    if "n" in leg:
+        leg["n"] = 1
+    leg.pop("min_tokens", None)
+    leg["max_tokens"] = 1
+    leg["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
+    return codec.dumps(leg)
+
+
+def returned_kv_params(raw: bytes) -> Any:
+    """The `kv_transfer_params` a vLLM prefill leg answered with, if any."""
+    try:
+        answer = codec.loads(raw)
+    except ValueError:
+        return None
+    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+    return params if isinstance(params, dict) else None
 
 
 def _transport_failure(exc: httpx.HTTPError, leg: str, url: str) -> Failure:
@@ -104,6 +136,13 @@ class HttpPdConnector:
         async for lease in attempts:
             pair = cast(PairLease, lease)
             prefill, decode = pair.prefill.target, pair.target
+            if prefill.runtime == "vllm":
+                unreachable: list[str] = []
+                async for event in self._sequential(call, pair, client, forwarded, unreachable):
+                    yield event
+                if unreachable:
+                    continue
+                return
             yield pair.prefill.routed
             yield pair.routed
             body = bootstrap_body(call, prefill, secrets.randbits(_ROOM_BITS))
@@ -152,6 +191,60 @@ class HttpPdConnector:
             async for event in self._relay.relay_response(call, decode, decode_response):
                 yield event
             return
+
+    async def _sequential(
+        self,
+        call: Call,
+        pair: PairLease,
+        client: httpx.AsyncClient,
+        forwarded: dict[str, str],
+        unreachable: list[str],
+    ) -> AsyncGenerator[Event, None]:
+        """One vLLM attempt: the prefill leg, then the decode leg with the KV params it returned.
+        A transport failure marks the lease that failed and names its leg in `unreachable` (the
+        caller tries the next pair)."""
+        prefill, decode = pair.prefill.target, pair.target
+        body = codec.loads(relay_body(call))
+        fan_out = isinstance(body.get("n"), int) and body["n"] > 1
+        if not fan_out:
+            yield pair.prefill.routed
+            try:
+                response = await self._send(client, prefill, vllm_prefill_body(body), forwarded)
+            except httpx.HTTPError as exc:
+                pair.prefill.failed(_transport_failure(exc, "prefill", prefill.url))
+                unreachable.append("prefill")
+                return
+            status = response.status_code
+            pair.prefill.answered(status)
+            if status >= 400:
+                pair.answered(status)
+                async for event in self._prefill_error(prefill, response):
+                    yield event
+                return
+            raw = await self._read(response)
+            yield Upstream(
+                part="prefill:head",
+                status=status,
+                headers=relayed_response_headers(response.headers.multi_items()),
+                worker=prefill.url,
+            )
+            data, encoding = text_piece(raw)
+            yield Upstream(part="prefill:body", data=data, encoding=encoding)
+            params = returned_kv_params(raw)
+            if params is not None:
+                body["kv_transfer_params"] = params
+            else:
+                log.info("vLLM prefill %s returned no kv_transfer_params: decode recomputes the prompt", prefill.url)
+        yield pair.routed
+        try:
+            decode_response = await self._send(client, decode, codec.dumps(body), forwarded)
+        except httpx.HTTPError as exc:
+            pair.failed(_transport_failure(exc, "decode", decode.url))
+            unreachable.append("decode")
+            return
+        pair.answered(decode_response.status_code)
+        async for event in self._relay.relay_response(call, decode, decode_response):
+            yield event
 
     async def _send(
         self, client: httpx.AsyncClient, target: Target, body: bytes, forwarded: dict[str, str]
