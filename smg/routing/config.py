@@ -58,4 +58,12 @@ class RouterConfig:
             "Encode/prefill/decode deployments over gRPC (TokenSpeed): --encode URL [PORT], --prefill, --decode.",
         ),
     )
+    dp_aware: bool = field(
+        default=False,
+        metadata=option(
+            "--dp-aware",
+            "Data-parallel aware: an SGLang HTTP worker whose /server_info says dp_size N is served as N "
+            "rank-pinned workers (URL@rank).",
+        ),
+    )
     runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

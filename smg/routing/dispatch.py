@@ -136,11 +136,11 @@ class Dispatch:
                 m.retries.labels(worker.role, self._endpoint).inc()
         routed = Routed(
             backend=self._backend,
-            worker=worker.url,
+            worker=worker.key,
             model=self._model,
             policy=self._policy.name,
             attempt=number,
-            candidates=[w.url for w in preferred[:_CANDIDATES_JOURNALED]],
+            candidates=[w.key for w in preferred[:_CANDIDATES_JOURNALED]],
             reason=choice.reason,
         )
         worker.in_flight += 1

@@ -250,3 +250,54 @@ def test_vllm_fan_out_skips_the_prefill_leg(vllm_legs: dict[str, Any]) -> None:
     reply = httpx.post(gw.url + "/v1/messages", json={**BODY, "n": 2})
     assert reply.status_code == 200, reply.text
     assert prefill.received() == [] and len(decode.received()) == 1
+
+
+# --- --dp-aware: each rank a worker, each leg told its rank -------------------------------------
+
+
+def test_dp_aware_pairs_pin_each_leg_to_its_rank(tmp_path: Path) -> None:
+    sglang = ["--owned-by", "sglang"]
+    prefill = spawn_worker(models=[MODEL], extra=[*sglang, "--dp-size", "2"])
+    decode = spawn_worker(models=[MODEL], extra=[*sglang, "--dp-size", "3"])
+    journal = tmp_path / "dp.db"
+    gw = spawn_gateway(
+        [],
+        journal=journal,
+        extra=["--pd-disaggregation", "--dp-aware", "--prefill", prefill.url, "8998", "--decode", decode.url,
+               "--prefill-policy", "round_robin", "--decode-policy", "round_robin", "--disable-retries"],
+    )
+    p, d = Scripted(prefill.url), Scripted(decode.url)
+    try:
+        listed = httpx.get(gw.url + "/workers").json()["workers"]
+        assert sorted(w["url"] for w in listed) == sorted(
+            [f"{prefill.url}@0", f"{prefill.url}@1", f"{decode.url}@0", f"{decode.url}@1", f"{decode.url}@2"]
+        )
+        p.reset()
+        d.reset()
+        routed: list[list[str]] = []
+        for _ in range(6):
+            reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+            assert reply.status_code == 200, reply.text
+            events = wait_for_events(journal, reply.headers["x-request-id"])
+            routed.append([e.worker or "" for e in events if isinstance(e, Routed)])
+        prefills, decodes = p.received(), d.received()
+        for (prefill_worker, decode_worker), first, second in zip(routed, prefills, decodes, strict=True):
+            prefill_rank, decode_rank = int(prefill_worker.rsplit("@", 1)[1]), int(decode_worker.rsplit("@", 1)[1])
+            assert prefill_worker == f"{prefill.url}@{prefill_rank}" and decode_worker == f"{decode.url}@{decode_rank}"
+            assert first["json"]["routed_dp_rank"] == prefill_rank and "disagg_prefill_dp_rank" not in first["json"]
+            assert second["json"]["routed_dp_rank"] == decode_rank
+            assert second["json"]["disagg_prefill_dp_rank"] == prefill_rank
+            assert first["json"]["bootstrap_room"] == second["json"]["bootstrap_room"]
+        assert {r[0] for r in routed} == {f"{prefill.url}@{i}" for i in range(2)}
+        assert {r[1] for r in routed} == {f"{decode.url}@{i}" for i in range(3)}
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_without_dp_aware_no_rank_fields_are_sent(legs: dict[str, Any]) -> None:
+    reply = httpx.post(legs["gw"].url + "/v1/messages", json=BODY)
+    assert reply.status_code == 200, reply.text
+    for leg in (legs["prefill"].received()[0], legs["decode"].received()[0]):
+        assert not {"routed_dp_rank", "disagg_prefill_dp_rank", "data_parallel_rank"} & set(leg["json"])

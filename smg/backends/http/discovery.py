@@ -5,7 +5,8 @@ Anthropic one (`{"data":[{"type":"model","id"}],"has_more"}`) are understood. Th
 window is read from the first of `context_length`, `max_context_length`, `max_model_len`,
 `max_total_tokens`, `max_seq_len` that a model entry carries. An entry `owned_by` an engine the
 gateway knows (`vllm`, `sglang`) names the worker's runtime, as the reference gateway detects it
-(a vLLM prefill/decode pair is served sequentially).
+(a vLLM prefill/decode pair is served sequentially). Under `--dp-aware` an SGLang worker's
+`GET /server_info` `dp_size` says how many data-parallel ranks it has, as the reference asks it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,22 @@ def _auth(target: Target) -> dict[str, str]:
     return {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
 
-async def discover(target: Target, client: httpx.AsyncClient, timeout: float = 5.0) -> Discovery:
-    """What the worker serves, and whether its health endpoint agrees. Raises `WorkerUnreachable`."""
+async def dp_size_of(target: Target, client: httpx.AsyncClient, timeout: float = 5.0) -> int | None:
+    """SGLang's `/server_info` `dp_size`; None when it does not say (or does not answer)."""
+    try:
+        resp = await client.get(f"{target.url}/server_info", headers=_auth(target), timeout=timeout)
+        resp.raise_for_status()
+        value = resp.json().get("dp_size")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def discover(
+    target: Target, client: httpx.AsyncClient, timeout: float = 5.0, *, dp_aware: bool = False
+) -> Discovery:
+    """What the worker serves, and whether its health endpoint agrees (`dp_aware`: and its
+    data-parallel size, for an SGLang worker). Raises `WorkerUnreachable`."""
     try:
         resp = await client.get(f"{target.url}/v1/models", headers=_auth(target), timeout=timeout)
         resp.raise_for_status()
@@ -64,7 +79,9 @@ async def discover(target: Target, client: httpx.AsyncClient, timeout: float = 5
         healthy = await check_health(target, client, timeout)
     except WorkerUnreachable:
         healthy = False
-    return Discovery(models=models, healthy=healthy, runtime=runtime_of(payload))
+    runtime = runtime_of(payload) or target.runtime
+    dp_size = await dp_size_of(target, client, timeout) if dp_aware and runtime == "sglang" else None
+    return Discovery(models=models, healthy=healthy, runtime=runtime_of(payload), dp_size=dp_size)
 
 
 async def check_health(

@@ -2,7 +2,9 @@
 
 Both legs get the same body: the client's request (canonical model id) plus SGLang's bootstrap
 fields — `bootstrap_host` (the prefill worker's host), `bootstrap_port` (its bootstrap port, or
-null), `bootstrap_room` (a random 63-bit integer shared by the two legs). The client gets the
+null), `bootstrap_room` (a random 63-bit integer shared by the two legs); under `--dp-aware`,
+`routed_dp_rank` (each leg's rank) and, on decode, `disagg_prefill_dp_rank` (the prefill's),
+as the reference adds them for rank-pinned workers. The client gets the
 decode leg's answer, streamed or not, relayed as it arrives. The prefill leg's answer is
 journaled first, as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
 leg fails, its status and error are the client's answer. count_tokens goes to one prefill
@@ -45,13 +47,24 @@ NIXL_PREFILL_PARAMS: dict[str, Any] = {"do_remote_decode": True, "do_remote_pref
 log = logging.getLogger("smg.pd")
 
 
-def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
-    """The body both legs receive."""
+def bootstrap_bodies(call: Call, prefill: Target, decode: Target, room: int) -> tuple[bytes, bytes]:
+    """The bodies the prefill and the decode leg receive: the same request and rendezvous, and
+    under `--dp-aware` each leg's rank — `routed_dp_rank` (its own), and for decode
+    `disagg_prefill_dp_rank` (the prefill's: where its KV comes from)."""
     body = codec.loads(relay_body(call))
     body["bootstrap_host"] = urlsplit(prefill.url).hostname
     body["bootstrap_port"] = prefill.bootstrap_port
     body["bootstrap_room"] = room
-    return codec.dumps(body)
+    if prefill.dp_rank is None and decode.dp_rank is None:
+        shared = codec.dumps(body)
+        return shared, shared
+    prefill_body, decode_body = dict(body), body
+    if prefill.dp_rank is not None:
+        prefill_body["routed_dp_rank"] = prefill.dp_rank
+        decode_body["disagg_prefill_dp_rank"] = prefill.dp_rank
+    if decode.dp_rank is not None:
+        decode_body["routed_dp_rank"] = decode.dp_rank
+    return codec.dumps(prefill_body), codec.dumps(decode_body)
 
 
 def vllm_prefill_body(body: dict[str, Any]) -> bytes:
@@ -145,10 +158,10 @@ class HttpPdConnector:
                 return
             yield pair.prefill.routed
             yield pair.routed
-            body = bootstrap_body(call, prefill, secrets.randbits(_ROOM_BITS))
+            prefill_body, decode_body = bootstrap_bodies(call, prefill, decode, secrets.randbits(_ROOM_BITS))
             legs = {
-                "prefill": asyncio.ensure_future(self._send(client, prefill, body, forwarded)),
-                "decode": asyncio.ensure_future(self._send(client, decode, body, forwarded)),
+                "prefill": asyncio.ensure_future(self._send(client, prefill, prefill_body, forwarded)),
+                "decode": asyncio.ensure_future(self._send(client, decode, decode_body, forwarded)),
             }
             await asyncio.wait(legs.values(), return_when=asyncio.ALL_COMPLETED)
             failed = next((leg for leg, task in legs.items() if task.exception() is not None), None)
