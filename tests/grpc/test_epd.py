@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ import pytest
 from PIL import Image
 
 from journal.events import Error, Routed, Upstream
+from replay.offline import check
 from tests.conftest import wait_for_events
 from tests.grpc.conftest import FIXTURES, target_of
 from tests.grpc.test_pd import Deployment, sse_events
@@ -194,6 +196,9 @@ def test_images_are_encoded_then_prefill_gets_their_rooms_and_decode_answers(fre
     ]
     first = json.loads(next(e for e in events if isinstance(e, Upstream)).data or "{}")
     assert first["bootstrap"]["room"] == rooms[0] and first["content_hash"] == hashlib.sha256(WIDE).hexdigest()
+    # Offline replay reads the decode leg's tokens as any gRPC record's.
+    report = check(events)
+    assert report.identical and not report.partial, report.differences
 
 
 def test_images_stream_through_the_pair(fresh: Deployment) -> None:
@@ -276,3 +281,40 @@ def test_a_regular_grpc_pool_still_refuses_images(http: httpx.Client) -> None:
     )
     assert reply.status_code == 400
     assert reply.headers["x-smg-error-code"] == "multimodal_not_supported"
+
+
+def test_each_image_gets_an_encode_worker_by_the_encode_policy(tmp_path: Path) -> None:
+    legs: dict[str, Spawned] = {}
+    gateway: Spawned | None = None
+    try:
+        roles = (("encode", "encode-a"), ("encode", "encode-b"), ("prefill", "prefill"), ("decode", "decode"))
+        for role, name in roles:
+            extra = ["--served-model-name", MODEL, "--role", role]
+            legs[name] = spawn_engine("tokenspeed", model_path=QWEN2VL, extra=extra)
+        gateway = spawn_gateway(
+            [],
+            journal=tmp_path / "encoders.db",
+            extra=["--epd-disaggregation", "--encode", legs["encode-a"].url, "9301", "--encode", legs["encode-b"].url,
+                   "9302", "--prefill", legs["prefill"].url, "--decode", legs["decode"].url, "--model-path",
+                   str(QWEN2VL), "--encode-policy", "round_robin", "--disable-retries"],
+        )
+        reply = httpx.post(gateway.url + "/v1/messages", json=body(b64_image(WIDE), b64_image(SQUARE)), timeout=30)
+        assert reply.status_code == 200, reply.text
+        controls = {name: EngineControl(target_of(legs[name].url)) for name in ("encode-a", "encode-b", "prefill")}
+        try:
+            sent_a, sent_b = controls["encode-a"].encoded(), controls["encode-b"].encoded()
+            assert len(sent_a) == len(sent_b) == 1  # round robin: one image each
+            (prefill,) = controls["prefill"].received()
+        finally:
+            for control in controls.values():
+                control.close()
+        ports = {int(b["bootstrap_port"]): int(b["bootstrap_room"]) for b in prefill["encode_bootstrap_info"]["items"]}
+        assert ports == {
+            9301: int(sent_a[0]["items"][0]["bootstrap_room"]),
+            9302: int(sent_b[0]["items"][0]["bootstrap_room"]),
+        }
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        for leg in legs.values():
+            leg.stop()
