@@ -6,7 +6,9 @@ registry's three refusals), the conversation rendered and tokenized; count_token
 router's choice) has the prompt checked against its context window, and the engine's token
 stream is run through the sans-IO `Generation`, yielding `rendered`, `tokens` and `block`
 events. A client that goes away mid-generation has its engine request aborted. An engine's
-runtime is `--backend`'s, else detected from which protocol it answers.
+runtime is `--backend`'s, else detected from which protocol it answers. A deployment that
+serves images (EPD) has a generation's images fetched and preprocessed here, before any worker
+is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`, `smg.pipeline.vision`).
 
 One class serves every engine wire: it is built with a client factory (`grpc_clients`, or the
 ZMQ one in `smg.backends.zmq.connector`) and a name, the journal's backend name.
