@@ -47,6 +47,10 @@ class EngineControl:
         """Every EncodeRequest an encode worker (`--role encode`) received, as dicts, in order."""
         return cast(list[dict[str, Any]], self._call("Encoded")["requests"])
 
+    def fail_encode(self, code: str = "INTERNAL", message: str = "", *, accepted: bool = True) -> None:
+        """Make the next Encode fail with `code` (`accepted=False`: answer it not accepted)."""
+        self._call("EncodeFailure", {"code": code, "message": message} if accepted else {"accepted": False})
+
     def aborts(self) -> list[str]:
         """The request ids named by Abort calls, in order."""
         return cast(list[str], self._call("Aborts")["request_ids"])

@@ -72,7 +72,11 @@ answers.
   engine id; a decode leg is any engine told `--role decode` (it reads what it is given);
 - `encode` (TokenSpeed): serves `TokenSpeedEncoder.Encode` beside the scheduler service (which
   discovery and health checks use, as the real encode worker does); `Generate` fails with
-  `FAILED_PRECONDITION`. `Encoded` → `{"requests": [...]}` gives the `EncodeRequest`s.
+  `FAILED_PRECONDITION`. `Encoded` → `{"requests": [...]}` gives the `EncodeRequest`s;
+  `EncodeFailure` `{"code": "INVALID_ARGUMENT", "message": "..."}` fails the next `Encode` with
+  that status (`{"accepted": false}`: answers it not accepted). A TokenSpeed prefill leg given
+  image items without their pixels needs `encode_bootstrap_info` naming each item, else it fails
+  `INVALID_ARGUMENT`, as the real prefill has nowhere to get the embeddings from.
 
 `GetTokenizer` streams a zip of the tokenizer files of `--model-path` (the servicers' file list)
 in 64 KiB chunks, the sha256 on the last one.
@@ -972,6 +976,7 @@ class Engine:
     role: str = "regular"
     address: tuple[str, int] = ("127.0.0.1", 0)  # where it serves: a vLLM prefill's handoff names it
     encoded: list[dict[str, Any]] = field(default_factory=list)
+    encode_failures: deque[dict[str, Any]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.wire = WIRES[self.runtime]()
@@ -988,6 +993,7 @@ class Engine:
         self.default = None
         self.received.clear()
         self.encoded.clear()
+        self.encode_failures.clear()
         self.aborts.clear()
         self.cancelled.clear()
         self.trace_context.clear()
@@ -1009,6 +1015,9 @@ class Engine:
             return {"requests": list(self.received)}
         if method == "Encoded":
             return {"requests": list(self.encoded)}
+        if method == "EncodeFailure":
+            self.encode_failures.append(payload)
+            return {"queued": len(self.encode_failures)}
         if method == "Aborts":
             return {"request_ids": list(self.aborts)}
         if method == "Cancelled":
@@ -1084,6 +1093,11 @@ class Engine:
             return None
         if not request.HasField(name) or not getattr(request, name).bootstrap_room:
             return NO_ROOM
+        if self.runtime == "tokenspeed" and self.role == "prefill" and request.HasField("mm_inputs"):
+            pixelless = {i for i, item in enumerate(request.mm_inputs.items) if not item.HasField("encoder_input")}
+            named = {b.item_index for b in request.encode_bootstrap_info.items if b.bootstrap_room}
+            if not pixelless <= named:
+                return f"multimodal items {sorted(pixelless - named)} have neither pixels nor an encode bootstrap"
         return None
 
     def _handoff(self, request: Any) -> str | None:
@@ -1113,6 +1127,12 @@ class Engine:
 
     async def encode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.encoded.append(MessageToDict(request, preserving_proto_field_name=True))
+        if self.encode_failures:
+            failure = self.encode_failures.popleft()
+            if failure.get("accepted") is False:
+                return tokenspeed_encoder_pb2.EncodeResponse(accepted=False)
+            code = getattr(grpc.StatusCode, str(failure.get("code") or "INTERNAL"))
+            await context.abort(code, str(failure.get("message") or "scripted encode failure"))
         return tokenspeed_encoder_pb2.EncodeResponse(accepted=True)
 
     def _refusal(self, asked: Asked) -> str | None:
@@ -1307,7 +1327,8 @@ def servicer(engine: Engine) -> Any:
 
 
 CONTROL_METHODS = (
-    "Script", "Received", "Encoded", "Aborts", "Cancelled", "TraceContext", "Reset", "Release", "SetHealth"
+    "Script", "Received", "Encoded", "EncodeFailure", "Aborts", "Cancelled", "TraceContext", "Reset", "Release",
+    "SetHealth",
 )
 
 

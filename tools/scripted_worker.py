@@ -28,7 +28,9 @@ and never breaks the serving path. Keys (all optional):
 An answer with no body kind is the path's default answer when its status is 200, else an empty body.
 
 Run: ``python -m tools.scripted_worker --host 127.0.0.1 --port N [--models a,b]
-[--max-model-len 4096] [--api-format openai|anthropic]``.
+[--max-model-len 4096] [--api-format openai|anthropic] [--owned-by NAME]`` (``--owned-by`` is the
+OpenAI listing's ``owned_by``, default ``scripted``: ``vllm`` makes the gateway take it for vLLM;
+``--dp-size N`` makes ``GET /server_info`` answer SGLang's ``{"dp_size": N, …}``).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class WorkerConfig:
     models: tuple[str, ...] = ("scripted-model",)
     max_model_len: int = 4096
     api_format: str = "openai"
+    owned_by: str = "scripted"
+    dp_size: int | None = None  # answered by GET /server_info (SGLang's), when set
 
 
 @dataclass
@@ -330,7 +334,7 @@ def models_listing(config: WorkerConfig) -> dict[str, Any]:
             "id": m,
             "object": "model",
             "created": 0,
-            "owned_by": "scripted",
+            "owned_by": config.owned_by,
             "max_model_len": config.max_model_len,
         }
         for m in config.models
@@ -479,6 +483,12 @@ def create_app(config: WorkerConfig, name: str = "scripted_worker") -> Sanic:
     async def models_received(request: Request) -> HTTPResponse:
         return _json({"requests": state.model_requests})
 
+    @app.get("/server_info", name="server_info")
+    async def server_info(request: Request) -> HTTPResponse:
+        if config.dp_size is None:
+            return _json({"error": "not found"}, status=404)
+        return _json({"dp_size": config.dp_size, "model_path": config.models[0] if config.models else ""})
+
     @app.get("/health", name="health")
     async def health(request: Request) -> HTTPResponse:
         if state.healthy:
@@ -547,9 +557,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="scripted-model", help="comma-separated model ids")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--api-format", choices=("openai", "anthropic"), default="openai")
+    parser.add_argument("--owned-by", default="scripted")
+    parser.add_argument("--dp-size", type=int, default=None, help="GET /server_info's dp_size (else 404)")
     args = parser.parse_args(argv)
     models = tuple(m for m in (s.strip() for s in args.models.split(",")) if m)
-    config = WorkerConfig(models or ("scripted-model",), args.max_model_len, args.api_format)
+    config = WorkerConfig(
+        models or ("scripted-model",), args.max_model_len, args.api_format, args.owned_by, args.dp_size
+    )
     app = create_app(config, name=f"scripted_worker_{args.port}")
     app.run(host=args.host, port=args.port, single_process=True, access_log=False, motd=False)
 

@@ -51,6 +51,7 @@ class Target(Protocol):
     runtime: str | None
     api_key: str | None
     bootstrap_port: int | None
+    dp_rank: int | None  # the data-parallel rank this worker is pinned to (--dp-aware), else None
     models: set[str]
     context_windows: dict[str, int]
     healthy: bool
@@ -68,6 +69,7 @@ class Discovery:
     models: dict[str, int | None]
     healthy: bool = True
     runtime: str | None = None
+    dp_size: int | None = None  # data-parallel ranks behind the worker (asked only under --dp-aware)
 
 
 class WorkerUnreachable(Exception):
@@ -116,6 +118,12 @@ class PairLease(Lease, Protocol):
 
     @property
     def prefill(self) -> Lease: ...
+
+    def encoder(self, key: str) -> Lease:
+        """An EPD attempt's encode worker for one media item, chosen by the encode policy with
+        `key` (the item's content hash) as its routing key; settled with the pair. Raises
+        `ApiError` when the pool has no encode worker available."""
+        ...
 
 
 Attempts = AsyncIterator[Lease]

@@ -31,6 +31,14 @@ class RouterConfig:
             "--decode-policy", "PD: the decode workers' policy (default: --policy).", choices=POLICY_NAMES
         ),
     )
+    encode_policy: str | None = field(
+        default=None,
+        metadata=option(
+            "--encode-policy",
+            "EPD: the encode workers' policy, one choice per image keyed by its content hash (default: --policy).",
+            choices=POLICY_NAMES,
+        ),
+    )
     policies: PolicyConfig = field(default_factory=PolicyConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -48,6 +56,14 @@ class RouterConfig:
         metadata=option(
             "--epd-disaggregation",
             "Encode/prefill/decode deployments over gRPC (TokenSpeed): --encode URL [PORT], --prefill, --decode.",
+        ),
+    )
+    dp_aware: bool = field(
+        default=False,
+        metadata=option(
+            "--dp-aware",
+            "Data-parallel aware: an SGLang HTTP worker whose /server_info says dp_size N is served as N "
+            "rank-pinned workers (URL@rank).",
         ),
     )
     runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import replace
 
 from journal.events import Routed
 from smg.backends.base import Failure, Lease, Target
@@ -107,6 +108,16 @@ class Dispatch:
         if self._held is not None:
             self._settle(self._held)
 
+    def keyed_lease(self, number: int, key: str) -> _Lease:
+        """A lease whose worker the policy chooses with `key` as the routing key (an EPD media
+        item's content hash: the same image goes to the same encode worker)."""
+        context = self._context
+        self._context = replace(context, routing_key=key, text="")
+        try:
+            return self._lease(number, set(), None, more=False)
+        finally:
+            self._context = context
+
     def _lease(self, number: int, tried: set[str], last: Failure | None, *, more: bool) -> _Lease:
         available = [w for w in self._workers if w.available]
         # A retry prefers another worker, but falls back to the same one when it is the only one.
@@ -125,11 +136,11 @@ class Dispatch:
                 m.retries.labels(worker.role, self._endpoint).inc()
         routed = Routed(
             backend=self._backend,
-            worker=worker.url,
+            worker=worker.key,
             model=self._model,
             policy=self._policy.name,
             attempt=number,
-            candidates=[w.url for w in preferred[:_CANDIDATES_JOURNALED]],
+            candidates=[w.key for w in preferred[:_CANDIDATES_JOURNALED]],
             reason=choice.reason,
         )
         worker.in_flight += 1
@@ -185,22 +196,35 @@ class Dispatch:
 
 
 class _PairLease(_Lease):
-    """The decode leg's lease, carrying the prefill leg's."""
+    """The decode leg's lease, carrying the prefill leg's (and an EPD attempt's encode legs)."""
 
-    __slots__ = ("prefill",)
+    __slots__ = ("prefill", "encoders", "_encode")
 
-    def __init__(self, decode: _Lease, prefill: _Lease) -> None:
+    def __init__(self, decode: _Lease, prefill: _Lease, encode: Dispatch | None = None) -> None:
         super().__init__(decode.worker, decode.attempt, decode.routed, decode._more)
         self.prefill = prefill
+        self.encoders: list[_Lease] = []
+        self._encode = encode
+
+    def encoder(self, key: str) -> _Lease:
+        if self._encode is None:
+            raise ApiError(503, "No encode servers available", code="no_encode_servers")
+        lease = self._encode.keyed_lease(self.attempt, key)
+        self.encoders.append(lease)
+        return lease
 
 
 class PairDispatch:
     """The attempts of one request on a prefill/decode pool: each attempt is a pair, chosen by
-    the prefill and the decode policies; a failure of either leg decides like a single one."""
+    the prefill and the decode policies; a failure of either leg decides like a single one. An
+    EPD pool's pairs lease encode workers too, one per media item, by the encode policy."""
 
-    def __init__(self, prefill: Dispatch, decode: Dispatch, retry: RetryConfig) -> None:
+    def __init__(
+        self, prefill: Dispatch, decode: Dispatch, retry: RetryConfig, encode: Dispatch | None = None
+    ) -> None:
         self._prefill = prefill
         self._decode = decode
+        self._encode = encode
         self._retry = retry
         self._held: tuple[_PairLease, _Lease] | None = None
 
@@ -221,7 +245,7 @@ class PairDispatch:
                 raise
             tried_prefill.add(prefill.worker.id)
             tried_decode.add(decode.worker.id)
-            pair = _PairLease(decode, prefill)
+            pair = _PairLease(decode, prefill, self._encode)
             self._decode._held = pair
             self._held = (pair, prefill)
             try:
@@ -247,3 +271,6 @@ class PairDispatch:
         self._held = None
         self._decode._settle(pair)
         self._prefill._settle(prefill)
+        if self._encode is not None:
+            for lease in pair.encoders:
+                self._encode._settle(lease)

@@ -35,6 +35,8 @@ async def discover(worker: Worker, connector: Connector) -> bool:
     if worker.removed:
         return False
     worker.discovered_as(found.models, found.healthy, found.runtime)
+    if found.dp_size is not None:
+        worker.dp_size = found.dp_size
     log.info(
         "worker %s (%s%s) serves %s",
         worker.url,
@@ -64,11 +66,16 @@ async def probe(worker: Worker, connector: Connector, config: HealthConfig) -> N
 
 class HealthMonitor:
     def __init__(
-        self, registry: WorkerRegistry, connector_of: Callable[[Worker], Connector | None], config: HealthConfig
+        self,
+        registry: WorkerRegistry,
+        connector_of: Callable[[Worker], Connector | None],
+        config: HealthConfig,
+        on_discovered: Callable[[Worker], None] | None = None,
     ) -> None:
         self._registry = registry
         self._connector_of = connector_of
         self._config = config
+        self._on_discovered = on_discovered
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -78,6 +85,10 @@ class HealthMonitor:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _discover(self, worker: Worker, connector: Connector) -> None:
+        if await discover(worker, connector) and self._on_discovered is not None:
+            self._on_discovered(worker)
 
     async def _run(self) -> None:
         interval = self._config.interval_secs
@@ -95,7 +106,7 @@ class HealthMonitor:
                 if connector is None:
                     continue  # an external provider this gateway only answers 501 for
                 if not worker.discovered:
-                    checks.append(discover(worker, connector))
+                    checks.append(self._discover(worker, connector))
                 elif not worker.healthy or (self._config.enabled and full_round):
                     # A worker taken out by a failed request is probed back even with health checks off.
                     checks.append(probe(worker, connector, self._config))

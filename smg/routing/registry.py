@@ -24,18 +24,24 @@ class WorkerRegistry:
         self._listeners.append(listener)
 
     def add(self, worker: Worker) -> Worker:
-        if worker.url in self._by_url:
-            raise DuplicateWorker(f"a worker with URL {worker.url} is registered already")
+        if worker.key in self._by_url:
+            raise DuplicateWorker(f"a worker with URL {worker.key} is registered already")
         self._by_id[worker.id] = worker
-        self._by_url[worker.url] = worker
+        self._by_url[worker.key] = worker
         return worker
+
+    def rekey(self, worker: Worker, old_key: str) -> None:
+        """The worker's key changed (it became rank 0 of a data-parallel engine)."""
+        if self._by_url.get(old_key) is worker:
+            del self._by_url[old_key]
+        self._by_url[worker.key] = worker
 
     def remove(self, worker_id: str) -> Worker | None:
         """Take the worker out: it gets no new request; the ones it has in flight finish."""
         worker = self._by_id.pop(worker_id, None)
         if worker is None:
             return None
-        self._by_url.pop(worker.url, None)
+        self._by_url.pop(worker.key, None)
         worker.removed = True
         for listener in self._listeners:
             listener(worker)
@@ -45,7 +51,8 @@ class WorkerRegistry:
         return self._by_id.get(worker_id)
 
     def by_url(self, url: str) -> Worker | None:
-        return self._by_url.get(url)
+        """The worker at `url` (`url@rank` names one rank; the bare URL finds rank 0)."""
+        return self._by_url.get(url) or self._by_url.get(f"{url}@0")
 
     def all(self) -> list[Worker]:
         return list(self._by_id.values())

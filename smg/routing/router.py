@@ -37,7 +37,7 @@ from smg.routing.policies import (
     routing_key,
     routing_text,
 )
-from smg.routing.registry import WorkerRegistry
+from smg.routing.registry import DuplicateWorker, WorkerRegistry
 from smg.routing.workers import Connection, Role, Worker, worker_kind
 
 log = logging.getLogger("smg.router")
@@ -106,6 +106,10 @@ def no_decode_servers() -> ApiError:
     return ApiError(503, "No decode servers available", code="no_decode_servers")
 
 
+def no_encode_servers() -> ApiError:
+    return ApiError(503, "No encode servers available", code="no_encode_servers")
+
+
 class WorkerRefused(ValueError):
     """A worker that cannot be registered, said plainly (a 400 on the worker API)."""
 
@@ -124,7 +128,7 @@ class Router:
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._monitor = HealthMonitor(self.registry, self._connector_of, config.health)
+        self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
 
     # lifecycle
@@ -203,8 +207,39 @@ class Router:
                 worker.prefixes = PROVIDER_MODEL_PREFIXES.get(worker.runtime or "", ())
             worker.discovered_as({m: None for m in worker.models}, True)
             return
-        if connector is not None:
-            await discover(worker, connector)
+        if connector is not None and await discover(worker, connector):
+            self._expand_dp(worker)
+
+    def _expand_dp(self, worker: Worker) -> None:
+        """Under `--dp-aware`, an engine with N data-parallel ranks is served as N workers, each
+        pinned to its rank (`url@rank`): the policies choose among ranks, each with its own
+        load and circuit breaker, as the reference's expanded workers."""
+        size = worker.dp_size
+        if not self.config.dp_aware or size is None or size < 2 or worker.dp_rank is not None or worker.removed:
+            return
+        old_key = worker.key
+        worker.dp_rank = 0
+        self.registry.rekey(worker, old_key)
+        windows = {m: worker.context_windows.get(m) for m in worker.models}
+        for rank in range(1, size):
+            sibling = Worker(
+                url=worker.url,
+                connection=worker.connection,
+                runtime=worker.runtime,
+                role=worker.role,
+                api_key=worker.api_key,
+                bootstrap_port=worker.bootstrap_port,
+                dp_rank=rank,
+                dp_size=size,
+                source=worker.source,
+                breaker=CircuitBreaker(self.config.breaker),
+            )
+            sibling.discovered_as(windows, worker.healthy)
+            try:
+                self.registry.add(sibling)
+            except DuplicateWorker:
+                continue  # registered already (by the worker API)
+        log.info("worker %s: %d data-parallel ranks, served as %s@0..%d", worker.url, size, worker.url, size - 1)
 
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Register a worker at run time; it is discovered in the background and routed to
@@ -333,8 +368,14 @@ class Router:
     def _dispatch(
         self, key: str, backend: str, call: Call, workers: list[Worker], role: str | None = None
     ) -> Dispatch:
-        policy_name = {"prefill": self.config.prefill_policy, "decode": self.config.decode_policy}.get(role or "")
-        empty = {"prefill": no_prefill_servers, "decode": no_decode_servers}.get(role or "", no_available_workers)
+        policy_name = {
+            "prefill": self.config.prefill_policy,
+            "decode": self.config.decode_policy,
+            "encode": self.config.encode_policy,
+        }.get(role or "")
+        empty = {"prefill": no_prefill_servers, "decode": no_decode_servers, "encode": no_encode_servers}.get(
+            role or "", no_available_workers
+        )
         return Dispatch(
             backend=backend,
             model=call.model,
@@ -358,7 +399,8 @@ class Router:
         else:
             prefill = self._dispatch(key, connector.name, call, workers, "prefill")
             decode = self._dispatch(key, connector.name, call, workers, "decode")
-            dispatch = PairDispatch(prefill, decode, self.config.retry)
+            encode = self._dispatch(key, connector.name, call, workers, "encode") if key.startswith("epd-") else None
+            dispatch = PairDispatch(prefill, decode, self.config.retry, encode)
         attempts = dispatch.attempts()
         try:
             async with aclosing(connector.handle(call, workers, attempts)) as events:

@@ -79,6 +79,8 @@ class Worker:
     external: bool = False  # `runtime_type: external`: a provider's API (Anthropic, OpenAI, …)
     api_key: str | None = None
     bootstrap_port: int | None = None  # prefill workers of a PD deployment
+    dp_rank: int | None = None  # --dp-aware: the data-parallel rank this worker stands for
+    dp_size: int | None = None  # the ranks the engine behind `url` has, once discovered
     wildcard: bool = False  # serves any model (`--backend anthropic`: the API decides)
     prefixes: tuple[str, ...] = ()  # serves the models named so (an external provider's, list unknown)
     id: str = ""
@@ -98,6 +100,12 @@ class Worker:
     def __post_init__(self) -> None:
         if not self.id:
             self.id = worker_id()
+
+    @property
+    def key(self) -> str:
+        """The worker's name in the registry and the journal: `url`, or `url@rank` for one
+        data-parallel rank of an engine (the reference's spelling)."""
+        return self.url if self.dp_rank is None else f"{self.url}@{self.dp_rank}"
 
     @property
     def load(self) -> int:

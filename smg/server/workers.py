@@ -51,7 +51,7 @@ def describe(worker: Worker) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": worker.id,
         "model_id": models[0]["id"] if models else None,
-        "url": worker.url,
+        "url": worker.key,
         "models": models,
         "worker_type": worker.role,
         "connection_mode": worker.connection,
@@ -63,6 +63,8 @@ def describe(worker: Worker) -> dict[str, Any]:
     }
     if worker.external:
         out["provider"] = worker.runtime
+    if worker.dp_rank is not None:
+        out["dp_rank"], out["dp_size"] = worker.dp_rank, worker.dp_size
     if worker.bootstrap_port is not None:
         out["bootstrap_port"] = worker.bootstrap_port
     if worker.last_error and not worker.healthy:

@@ -302,14 +302,15 @@ def test_tokenspeed_epd_serves_text_as_a_pair_with_kv_bootstrap_info(tokenspeed:
     assert ready.status_code == 200, ready.text
 
 
-def test_tokenspeed_epd_refuses_images_before_any_leg(tokenspeed: Deployment) -> None:
+def test_tokenspeed_epd_without_an_image_processor_refuses_images_before_any_leg(tokenspeed: Deployment) -> None:
     for control in tokenspeed.controls.values():
         control.reset()
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     reply = tokenspeed.post({**BODY, "messages": [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]})
     assert reply.status_code == 400
-    assert reply.headers["x-smg-error-code"] == "multimodal_not_supported"
-    assert all(c.received() == [] for c in tokenspeed.controls.values())
+    # The text fixture's config names no vision model: the gateway cannot preprocess its images.
+    assert reply.headers["x-smg-error-code"] == "multimodal_config_missing"
+    assert all(c.received() == [] and c.encoded() == [] for c in tokenspeed.controls.values())
 
 
 # --- IGW: a PD pool beside a regular pool ------------------------------------------------------------

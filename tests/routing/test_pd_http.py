@@ -165,3 +165,139 @@ def test_launch_refuses_pd_without_both_roles() -> None:
         text=True,
     )
     assert run.returncode == 2 and "--decode" in run.stderr
+
+
+# --- vLLM: sequential, the prefill's KV params handed to decode ---------------------------------
+
+
+@pytest.fixture
+def vllm_legs(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    owned = ["--owned-by", "vllm"]
+    prefill, decode = spawn_worker(models=[MODEL], extra=owned), spawn_worker(models=[MODEL], extra=owned)
+    journal = tmp_path / "vllm-pd.db"
+    gw = spawn_gateway(
+        [],
+        journal=journal,
+        extra=["--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url, "--disable-retries"],
+    )
+    p, d = Scripted(prefill.url), Scripted(decode.url)
+    p.reset()
+    d.reset()
+    try:
+        yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+HANDOFF = {"do_remote_prefill": True, "remote_engine_id": "eng0", "remote_block_ids": [1, 2], "remote_host": "h"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_pair_prefills_sanitized_then_decodes_with_the_returned_kv_params(
+    vllm_legs: dict[str, Any], stream: bool
+) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    prefill.script({"json": {"type": "message", "content": [], "kv_transfer_params": HANDOFF}})
+    body = {**BODY, "stream": stream, "stream_options": {"include_usage": True}, "n": 1, "min_tokens": 2}
+    reply = httpx.post(gw.url + "/v1/messages", json=body, headers=HEADERS)
+    assert reply.status_code == 200, reply.text
+    if stream:
+        assert "event: message_start" in reply.text  # the decode worker's streamed echo
+    else:
+        assert reply.json()["type"] == "message"
+    (first,), (second,) = prefill.received(), decode.received()
+    sent = first["json"]
+    assert sent["stream"] is False and sent["max_tokens"] == 1 and sent["n"] == 1
+    assert "stream_options" not in sent and "min_tokens" not in sent
+    assert sent["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False}
+    assert sent["messages"] == BODY["messages"]
+    decoded = second["json"]
+    assert decoded["kv_transfer_params"] == HANDOFF
+    assert decoded["stream"] is stream and decoded["max_tokens"] == BODY["max_tokens"] and decoded["min_tokens"] == 2
+    for leg in (sent, decoded):
+        assert not {"bootstrap_host", "bootstrap_port", "bootstrap_room"} & set(leg)
+    for leg in (first, second):
+        assert leg["headers"]["authorization"] == "Bearer client" and "cookie" not in leg["headers"]
+    events = wait_for_events(vllm_legs["journal"], reply.headers["x-request-id"])
+    assert [e.worker for e in events if isinstance(e, Routed)] == list(vllm_legs["urls"])
+    parts = [e.part for e in events if isinstance(e, Upstream)]
+    assert parts[:2] == ["prefill:head", "prefill:body"] and "head" in parts[2:]
+
+
+def test_vllm_prefill_failure_is_the_answer_and_decode_is_never_sent(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    refusal = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
+    prefill.script({"status": 400, "json": refusal})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "no"
+    assert decode.received() == []
+
+
+def test_vllm_prefill_without_kv_params_lets_decode_recompute(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    prefill.script({"json": {"type": "message", "content": []}})
+    reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+    assert reply.status_code == 200, reply.text
+    (second,) = decode.received()
+    assert "kv_transfer_params" not in second["json"]
+
+
+def test_vllm_fan_out_skips_the_prefill_leg(vllm_legs: dict[str, Any]) -> None:
+    gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
+    reply = httpx.post(gw.url + "/v1/messages", json={**BODY, "n": 2})
+    assert reply.status_code == 200, reply.text
+    assert prefill.received() == [] and len(decode.received()) == 1
+
+
+# --- --dp-aware: each rank a worker, each leg told its rank -------------------------------------
+
+
+def test_dp_aware_pairs_pin_each_leg_to_its_rank(tmp_path: Path) -> None:
+    sglang = ["--owned-by", "sglang"]
+    prefill = spawn_worker(models=[MODEL], extra=[*sglang, "--dp-size", "2"])
+    decode = spawn_worker(models=[MODEL], extra=[*sglang, "--dp-size", "3"])
+    journal = tmp_path / "dp.db"
+    gw = spawn_gateway(
+        [],
+        journal=journal,
+        extra=["--pd-disaggregation", "--dp-aware", "--prefill", prefill.url, "8998", "--decode", decode.url,
+               "--prefill-policy", "round_robin", "--decode-policy", "round_robin", "--disable-retries"],
+    )
+    p, d = Scripted(prefill.url), Scripted(decode.url)
+    try:
+        listed = httpx.get(gw.url + "/workers").json()["workers"]
+        assert sorted(w["url"] for w in listed) == sorted(
+            [f"{prefill.url}@0", f"{prefill.url}@1", f"{decode.url}@0", f"{decode.url}@1", f"{decode.url}@2"]
+        )
+        p.reset()
+        d.reset()
+        routed: list[list[str]] = []
+        for _ in range(6):
+            reply = httpx.post(gw.url + "/v1/messages", json=BODY)
+            assert reply.status_code == 200, reply.text
+            events = wait_for_events(journal, reply.headers["x-request-id"])
+            routed.append([e.worker or "" for e in events if isinstance(e, Routed)])
+        prefills, decodes = p.received(), d.received()
+        for (prefill_worker, decode_worker), first, second in zip(routed, prefills, decodes, strict=True):
+            prefill_rank, decode_rank = int(prefill_worker.rsplit("@", 1)[1]), int(decode_worker.rsplit("@", 1)[1])
+            assert prefill_worker == f"{prefill.url}@{prefill_rank}" and decode_worker == f"{decode.url}@{decode_rank}"
+            assert first["json"]["routed_dp_rank"] == prefill_rank and "disagg_prefill_dp_rank" not in first["json"]
+            assert second["json"]["routed_dp_rank"] == decode_rank
+            assert second["json"]["disagg_prefill_dp_rank"] == prefill_rank
+            assert first["json"]["bootstrap_room"] == second["json"]["bootstrap_room"]
+        assert {r[0] for r in routed} == {f"{prefill.url}@{i}" for i in range(2)}
+        assert {r[1] for r in routed} == {f"{decode.url}@{i}" for i in range(3)}
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_without_dp_aware_no_rank_fields_are_sent(legs: dict[str, Any]) -> None:
+    reply = httpx.post(legs["gw"].url + "/v1/messages", json=BODY)
+    assert reply.status_code == 200, reply.text
+    for leg in (legs["prefill"].received()[0], legs["decode"].received()[0]):
+        assert not {"routed_dp_rank", "disagg_prefill_dp_rank", "data_parallel_rank"} & set(leg["json"])

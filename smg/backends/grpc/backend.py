@@ -6,7 +6,9 @@ registry's three refusals), the conversation rendered and tokenized; count_token
 router's choice) has the prompt checked against its context window, and the engine's token
 stream is run through the sans-IO `Generation`, yielding `rendered`, `tokens` and `block`
 events. A client that goes away mid-generation has its engine request aborted. An engine's
-runtime is `--backend`'s, else detected from which protocol it answers.
+runtime is `--backend`'s, else detected from which protocol it answers. A deployment that
+serves images (EPD) has a generation's images fetched and preprocessed here, before any worker
+is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`, `smg.pipeline.vision`).
 
 One class serves every engine wire: it is built with a client factory (`grpc_clients`, or the
 ZMQ one in `smg.backends.zmq.connector`) and a name, the journal's backend name.
@@ -19,8 +21,10 @@ import logging
 import secrets
 import string
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import httpx
 
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
 from smg.backends.base import Attempts, Call, Discovery, Failure, Target, WorkerUnreachable
@@ -39,11 +43,13 @@ from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, Engin
 from smg.config import GatewayConfig
 from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
+from smg.pipeline.media import load_images, user_images
 from smg.pipeline.output import OutputPlan, apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
 from smg.pipeline.render.bound import prompt_token_floor
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
+from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
 from smg.protocol.errors import ApiError
 
 log = logging.getLogger("smg.grpc")
@@ -93,6 +99,7 @@ class Prepared:
     plan: OutputPlan
     stop_ids: dict[int, str]
     generation: Generation | None = None
+    images: list[VisionItem] = field(default_factory=list)  # placeholders expanded in `prompt.ids`
 
 
 GenerateStrategy = Callable[[Prepared, Attempts], AsyncGenerator[Event, None]]
@@ -146,6 +153,8 @@ class EngineConnector:
         self._autoloads: dict[str, asyncio.Task[None]] = {}  # engine URL → its tokenizer's autoload
         self._configured_tokenizer = config.tokenizer_path or config.model_path
         self._chat_template = str(config.chat_template) if config.chat_template else None
+        self._media: httpx.AsyncClient | None = None  # fetches image URLs (EPD)
+        self._vision: QwenVlProcessor | None = None
 
     # lifecycle
 
@@ -153,6 +162,8 @@ class EngineConnector:
         return None
 
     async def close(self) -> None:
+        if self._media is not None:
+            await self._media.aclose()
         await asyncio.gather(*self._aborts, return_exceptions=True)
         for task in self._autoloads.values():
             task.cancel()
@@ -243,17 +254,25 @@ class EngineConnector:
             yield event
 
     async def serve(
-        self, call: Call, pool: Sequence[Target], attempts: Attempts, generate: GenerateStrategy
+        self,
+        call: Call,
+        pool: Sequence[Target],
+        attempts: Attempts,
+        generate: GenerateStrategy,
+        *,
+        multimodal: bool = False,
     ) -> AsyncGenerator[Event, None]:
         """The request up to its first engine call: refusals, the rendered prompt, count_tokens
         and `max_tokens: 0` answered here; a generation is handed to `generate` (this
-        connector's own attempt loop, or a disaggregated deployment's)."""
+        connector's own attempt loop, or a disaggregated deployment's). `multimodal`: the
+        deployment serves images (EPD), so a generation's images are fetched and preprocessed
+        here and its prompt's placeholders expanded."""
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
         tokenizer = self.tokenizers.get(call.model)
         runtimes = {r for r in map(self.runtime_of, pool) if r}
         # The MLX refusals apply when any worker that could take the request is MLX.
-        check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating)
+        check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
         windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
         if windows and call.endpoint == "messages" and len(call.raw) > _RENDER_INLINE_BYTES:
             # Refused before rendering when no worker's window can hold it, whatever the template does.
@@ -291,8 +310,27 @@ class EngineConnector:
                 yield Block(payload)
             return
 
-        async for event in generate(self._prepare(call, tokenizer, prompt, message_id, source), attempts):
+        images: list[VisionItem] = []
+        blocks = user_images(request) if multimodal else []
+        if blocks:
+            media = await load_images(self._media_client(), blocks)
+            processor = self._vision_processor()
+            ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
+            prompt = replace(prompt, ids=ids)
+        prepared = self._prepare(call, tokenizer, prompt, message_id, source)
+        prepared.images = images
+        async for event in generate(prepared, attempts):
             yield event
+
+    def _media_client(self) -> httpx.AsyncClient:
+        if self._media is None:
+            self._media = httpx.AsyncClient(trust_env=False)
+        return self._media
+
+    def _vision_processor(self) -> QwenVlProcessor:
+        if self._vision is None:
+            self._vision = QwenVlProcessor.from_model_dir(self._config.model_path)
+        return self._vision
 
     def _prepare(
         self, call: Call, tokenizer: Tokenizer, prompt: Prompt, message_id: str, source: str | None
@@ -345,6 +383,7 @@ class EngineConnector:
             stream=prepared.call.stream,
             constraint=plan.constraint,
         )
+        engine_call.images = list(prepared.images)
         # An engine without a tokenizer (ZMQ) is told where to stop.
         engine_call.eos_token_ids = list(prepared.tokenizer.eos_token_ids)
         return engine_call

@@ -25,9 +25,16 @@ The prefill leg is journaled once it is over as an `upstream` part `prefill:comp
 (projections and the summary's first-event time ignore it), so the recorded `tokens` are the
 decode leg's alone and offline replay reads them as any gRPC record.
 
-EPD (`--epd-disaggregation`, TokenSpeed): encode workers join the pool and are health-checked;
-they take part only in a request with media, and the gRPC path serves text alone (images are
-refused before any worker is chosen), so an EPD pool serves its requests as a TokenSpeed pair.
+EPD (`--epd-disaggregation`, TokenSpeed): encode workers join the pool and are health-checked.
+A request with images has them fetched and preprocessed by the gateway (`smg.pipeline.media`,
+`smg.pipeline.vision`), its placeholders expanded; each image then goes to an encode worker (the
+encode policy's choice, keyed by the image's content hash) with `Encode`, under a room of its
+own, before the pair starts: the prefill leg is told each item's encode worker and room
+(`encode_bootstrap_info`) and fetches the embeddings from there; both legs carry the items'
+metadata without their pixels. Each encode leg is journaled as a `prefill:encode` part (it feeds
+the prefill, and the projections ignore every `prefill:` part); one that fails or declines ends
+the request, 400 `multimodal_processing_failed` for a refusal, else the status its failure maps
+to, before any prefill or decode call. A text-only request is served by the pair alone.
 """
 
 from __future__ import annotations
@@ -43,11 +50,20 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from journal.events import Event, Upstream
-from smg.backends.base import Attempts, Call, Discovery, Failure, PairLease, Target
+from smg.backends.base import Attempts, Call, Discovery, Failure, Lease, PairLease, Target
 from smg.backends.grpc.backend import GrpcConnector, Prepared, error_event
 from smg.backends.grpc.discovery import EngineWorker
+from smg.backends.grpc.engines.tokenspeed import TokenSpeedClient
 from smg.backends.grpc.request import engine_failure
-from smg.backends.grpc.types import Bootstrap, EngineDone, EngineError, EngineEvent, GenerateCall
+from smg.backends.grpc.types import (
+    Bootstrap,
+    EncodeBootstrap,
+    EngineDone,
+    EngineError,
+    EngineEvent,
+    GenerateCall,
+)
+from smg.pipeline.vision import VisionItem
 from smg.protocol.errors import ApiError
 
 log = logging.getLogger("smg.grpc.pd")
@@ -73,6 +89,43 @@ def prefill_failure(exc: EngineError) -> ApiError:
     """A prefill leg's failure, as the client is told it (the status its gRPC code maps to)."""
     status = engine_failure(exc, started=False).status
     return ApiError(status, f"Prefill stream error: {exc.message or exc.code}", code="prefill_stream_error")
+
+
+def encode_failure(exc: EngineError) -> ApiError:
+    """An encode leg's failure, as the client is told it."""
+    if exc.code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_ACCEPTED"):
+        status = 400
+    else:
+        status = engine_failure(exc, started=False).status
+    return ApiError(status, f"Encode error: {exc.message or exc.code}", code="multimodal_processing_failed")
+
+
+def _encode_record(
+    encoder: Target, request_id: str, image: VisionItem, bootstrap: EncodeBootstrap, err: ApiError | None
+) -> Upstream:
+    record: dict[str, Any] = {
+        "request_id": request_id,
+        "item_index": bootstrap.item_index,
+        "content_hash": image.content_hash.hex(),
+        "bootstrap": {"host": bootstrap.host, "port": bootstrap.port, "room": bootstrap.room},
+        "accepted": err is None,
+    }
+    if err is not None:
+        record["error"] = err.message
+    return Upstream(
+        part="prefill:encode",
+        status=err.status if err is not None else 200,
+        worker=encoder.url,
+        data=json.dumps(record, separators=(",", ":")),
+    )
+
+
+def encode_bootstrap_for(encoder: Target, item_index: int) -> EncodeBootstrap:
+    """Where the prefill fetches one item's embedding: the encode worker's bootstrap server
+    (8998 unless `--encode URL PORT` gives one) and a random 63-bit room."""
+    host = urlsplit(encoder.url).hostname or ""
+    port = encoder.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    return EncodeBootstrap(item_index=item_index, host=host, port=port, room=secrets.randbits(63))
 
 
 def bootstrap_for(prefill: Target, runtime: str) -> Bootstrap:
@@ -152,6 +205,10 @@ def _prefill_record(prefill: Target, call: GenerateCall, done: EngineDone | None
         record["bootstrap"] = {"host": call.bootstrap.host, "port": call.bootstrap.port, "room": call.bootstrap.room}
     if call.kv_transfer_params is not None:
         record["kv_transfer_params_sent"] = call.kv_transfer_params
+    if call.encode_bootstrap:
+        record["encode_bootstrap"] = [
+            {"item_index": b.item_index, "host": b.host, "port": b.port, "room": b.room} for b in call.encode_bootstrap
+        ]
     if done is not None:
         record.update(
             finish_reason=done.finish_reason,
@@ -214,7 +271,7 @@ class GrpcPdConnector:
     # requests
 
     def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
-        return self._grpc.serve(call, pool, attempts, self._generate)
+        return self._grpc.serve(call, pool, attempts, self._generate, multimodal="encode" in self._roles)
 
     async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
         grpc = self._grpc
@@ -238,14 +295,35 @@ class GrpcPdConnector:
             request_id = f"{prepared.message_id}-{uuid.uuid4()}"
             # Sampling defaults are the decode worker's: it produces the visible tokens.
             decode_call = grpc.engine_call(prepared, decode_engine, request_id)
+            encoders: list[tuple[Lease, EngineWorker, EncodeBootstrap]] = []
+            if prepared.images:
+                if runtime != "tokenspeed":
+                    raise ApiError(
+                        400, f"EPD encode is not implemented for the {runtime} runtime", code="multimodal_not_supported"
+                    )
+                for index, image in enumerate(prepared.images):
+                    lease = pair.encoder(image.content_hash.hex())
+                    yield lease.routed
+                    engine = await grpc.engine_for(lease.target)
+                    encoders.append((lease, engine, encode_bootstrap_for(lease.target, index)))
             yield pair.prefill.routed
             yield pair.routed
             events, attempt = grpc.begin(prepared, decode_engine, decode_call)
             for event in events:
                 yield event
+            if encoders:
+                outcomes = await self._encode(prepared.images, encoders, request_id)
+                for record, _ in outcomes:
+                    yield record
+                failure = next((err for _, err in outcomes if err is not None), None)
+                if failure is not None:
+                    yield error_event(failure, stage="encode")
+                    return
+                # The pixels went to the encode workers; the legs keep the items' metadata.
+                decode_call = replace(decode_call, send_pixels=False)
             if runtime in PARALLEL_RUNTIMES:
                 decode_call = replace(decode_call, bootstrap=bootstrap_for(prefill, runtime))
-                prefill_call = decode_call
+                prefill_call = replace(decode_call, encode_bootstrap=[b for _, _, b in encoders])
             else:
                 connector = await self._kv_connector(prefill, prefill_engine)
                 prefill_call, decode_params = vllm_legs(decode_call, connector, prefill)
@@ -304,6 +382,43 @@ class GrpcPdConnector:
                 return
             pair.answered(200)
             return
+
+    async def _encode(
+        self,
+        images: list[VisionItem],
+        encoders: list[tuple[Lease, EngineWorker, EncodeBootstrap]],
+        request_id: str,
+    ) -> list[tuple[Upstream, ApiError | None]]:
+        """Every image to its encode worker at once: each one's `prefill:encode` part, in order,
+        and its failure."""
+
+        async def one(engine: EngineWorker, image: VisionItem, bootstrap: EncodeBootstrap) -> None:
+            client = engine.client
+            if not isinstance(client, TokenSpeedClient):
+                raise EngineError("FAILED_PRECONDITION", f"an encode worker speaks TokenSpeed, not {engine.runtime}")
+            await client.encode(f"{request_id}-encode-{bootstrap.item_index}", image, bootstrap.room)
+
+        results = await asyncio.gather(
+            *(one(engine, image, b) for image, (_, engine, b) in zip(images, encoders, strict=True)),
+            return_exceptions=True,
+        )
+        outcomes: list[tuple[Upstream, ApiError | None]] = []
+        for image, (lease, _, bootstrap), result in zip(images, encoders, results, strict=True):
+            err: ApiError | None = None
+            if isinstance(result, EngineError):
+                err = encode_failure(result)
+                if result.unavailable:
+                    log.warning("encode worker %s unreachable (%s)", lease.target.url, result.message)
+                    lease.failed(Failure("unavailable", err, retryable=False))
+                else:
+                    lease.answered(err.status)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                lease.answered(200)
+            record = _encode_record(lease.target, f"{request_id}-encode-{bootstrap.item_index}", image, bootstrap, err)
+            outcomes.append((record, err))
+        return outcomes
 
     def _retire(
         self,

@@ -3,7 +3,8 @@
 Owns the per-engine rules of the spec: which stop sequences the engine matches itself and
 which only the gateway matches (SGLang gets single-token stops as ids, never strings), the
 sampling values (the request's, else the worker's defaults, else the engine's neutral
-ones), the MLX refusals, and what the gRPC path cannot serve (`output_format`, images).
+ones), the MLX refusals, and what the gRPC path cannot serve (`output_format`; images, but on
+an EPD deployment).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def _has_images(request: Any) -> bool:
     return False
 
 
-def check_servable(request: Any, runtime: str, *, generating: bool) -> None:
-    """Refuse what the gRPC path cannot serve, before any worker is chosen."""
+def check_servable(request: Any, runtime: str, *, generating: bool, images: bool = False) -> None:
+    """Refuse what the gRPC path cannot serve, before any worker is chosen (`images`: the
+    deployment serves image inputs, as an EPD one does)."""
     extra = request.model_extra or {}
     output_config = extra.get("output_config")
     if extra.get("output_format") is not None or (
@@ -68,11 +70,11 @@ def check_servable(request: Any, runtime: str, *, generating: bool) -> None:
                 "Invalid request parameters: MLX backend does not support string stop sequences",
                 code="invalid_request_parameters",
             )
-    elif _has_images(request):
+    elif not images and _has_images(request):
         raise ApiError(
             400,
-            "Image inputs are not supported on gRPC workers by this gateway (count_tokens counts them as the "
-            "template's placeholder; generation needs the engine's multimodal processor)",
+            "Image inputs are not supported on gRPC workers by this gateway outside an EPD deployment "
+            "(count_tokens counts them as the template's placeholder)",
             code="multimodal_not_supported",
         )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from smg.pipeline.constraints import ConstraintKind
+from smg.pipeline.vision import VisionItem
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,17 @@ class Bootstrap:
     """Where a prefill/decode pair meets: the prefill worker's bootstrap server and the room
     that names this request's KV handoff (the same on both legs)."""
 
+    host: str
+    port: int
+    room: int
+
+
+@dataclass(frozen=True)
+class EncodeBootstrap:
+    """Where a prefill worker fetches one image's embedding (EPD): the encode worker's bootstrap
+    server and the room that names this item's transfer (the encode worker is told the same)."""
+
+    item_index: int
     host: str
     port: int
     room: int
@@ -48,6 +60,11 @@ class GenerateCall:
     bootstrap: Bootstrap | None = None
     # vLLM's `kv_transfer_params_json`: a JSON object handed to the engine's KV connector verbatim.
     kv_transfer_params: str | None = None
+    # The prompt's images, their placeholders already expanded in `input_ids`. EPD legs carry
+    # their metadata only: the pixels went to the encode workers.
+    images: list[VisionItem] = field(default_factory=list)
+    send_pixels: bool = True
+    encode_bootstrap: list[EncodeBootstrap] = field(default_factory=list)  # the prefill leg's (EPD)
 
 
 @dataclass

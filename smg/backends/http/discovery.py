@@ -3,7 +3,10 @@
 Both the OpenAI list shape (`{"object":"list","data":[{"id",…,"max_model_len"}]}`) and the
 Anthropic one (`{"data":[{"type":"model","id"}],"has_more"}`) are understood. The context
 window is read from the first of `context_length`, `max_context_length`, `max_model_len`,
-`max_total_tokens`, `max_seq_len` that a model entry carries.
+`max_total_tokens`, `max_seq_len` that a model entry carries. An entry `owned_by` an engine the
+gateway knows (`vllm`, `sglang`) names the worker's runtime, as the reference gateway detects it
+(a vLLM prefill/decode pair is served sequentially). Under `--dp-aware` an SGLang worker's
+`GET /server_info` `dp_size` says how many data-parallel ranks it has, as the reference asks it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import httpx
 
 from smg.backends.base import Discovery, Target, WorkerUnreachable
 
+_RUNTIMES = ("vllm", "sglang")
 _WINDOW_KEYS = ("context_length", "max_context_length", "max_model_len", "max_total_tokens", "max_seq_len")
 
 
@@ -34,23 +38,50 @@ def parse_model_list(payload: Any) -> dict[str, int | None]:
     return out
 
 
+def runtime_of(payload: Any) -> str | None:
+    """The engine an OpenAI model list says serves it (`owned_by`), if one the gateway knows."""
+    entries = payload.get("data") if isinstance(payload, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        owner = entry.get("owned_by") if isinstance(entry, dict) else None
+        if isinstance(owner, str) and owner.lower() in _RUNTIMES:
+            return owner.lower()
+    return None
+
+
 def _auth(target: Target) -> dict[str, str]:
     return {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
 
-async def discover(target: Target, client: httpx.AsyncClient, timeout: float = 5.0) -> Discovery:
-    """What the worker serves, and whether its health endpoint agrees. Raises `WorkerUnreachable`."""
+async def dp_size_of(target: Target, client: httpx.AsyncClient, timeout: float = 5.0) -> int | None:
+    """SGLang's `/server_info` `dp_size`; None when it does not say (or does not answer)."""
+    try:
+        resp = await client.get(f"{target.url}/server_info", headers=_auth(target), timeout=timeout)
+        resp.raise_for_status()
+        value = resp.json().get("dp_size")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def discover(
+    target: Target, client: httpx.AsyncClient, timeout: float = 5.0, *, dp_aware: bool = False
+) -> Discovery:
+    """What the worker serves, and whether its health endpoint agrees (`dp_aware`: and its
+    data-parallel size, for an SGLang worker). Raises `WorkerUnreachable`."""
     try:
         resp = await client.get(f"{target.url}/v1/models", headers=_auth(target), timeout=timeout)
         resp.raise_for_status()
-        models = parse_model_list(resp.json())
+        payload = resp.json()
+        models = parse_model_list(payload)
     except (httpx.HTTPError, ValueError) as exc:
         raise WorkerUnreachable(repr(exc)) from None
     try:
         healthy = await check_health(target, client, timeout)
     except WorkerUnreachable:
         healthy = False
-    return Discovery(models=models, healthy=healthy)
+    runtime = runtime_of(payload) or target.runtime
+    dp_size = await dp_size_of(target, client, timeout) if dp_aware and runtime == "sglang" else None
+    return Discovery(models=models, healthy=healthy, runtime=runtime_of(payload), dp_size=dp_size)
 
 
 async def check_health(

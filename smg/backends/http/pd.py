@@ -2,11 +2,21 @@
 
 Both legs get the same body: the client's request (canonical model id) plus SGLang's bootstrap
 fields — `bootstrap_host` (the prefill worker's host), `bootstrap_port` (its bootstrap port, or
-null), `bootstrap_room` (a random 63-bit integer shared by the two legs). The client gets the
+null), `bootstrap_room` (a random 63-bit integer shared by the two legs); under `--dp-aware`,
+`routed_dp_rank` (each leg's rank) and, on decode, `disagg_prefill_dp_rank` (the prefill's),
+as the reference adds them for rank-pinned workers. The client gets the
 decode leg's answer, streamed or not, relayed as it arrives. The prefill leg's answer is
 journaled first, as `prefill:head`/`prefill:body` parts (the projections ignore them); when the prefill
 leg fails, its status and error are the client's answer. count_tokens goes to one prefill
 worker, without bootstrap fields, like any relayed request.
+
+A pair whose prefill worker is vLLM (its model list is `owned_by: vllm`) is served sequentially,
+as vLLM's disaggregation has no rendezvous: the prefill leg is sent alone, sanitized for the KV
+handoff (`stream: false`, `stream_options` and `min_tokens` removed, `n` 1, `max_tokens: 1`) and
+tagged with NIXL's `kv_transfer_params` (`do_remote_decode`); once it answers, the decode leg gets
+the client's request with the `kv_transfer_params` the prefill returned (none: the decode
+recomputes the prompt). Neither leg has bootstrap fields. A request with `n` > 1 skips the prefill
+leg, as the reference does: the single-consumer handoff cannot serve its fan-out.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncGenerator, Sequence
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -32,17 +42,52 @@ from smg.protocol.errors import ApiError, describe_exception, describe_upstream_
 
 _MESSAGES = "/v1/messages"
 _ROOM_BITS = 63
+NIXL_PREFILL_PARAMS: dict[str, Any] = {"do_remote_decode": True, "do_remote_prefill": False}
 
 log = logging.getLogger("smg.pd")
 
 
-def bootstrap_body(call: Call, prefill: Target, room: int) -> bytes:
-    """The body both legs receive."""
+def bootstrap_bodies(call: Call, prefill: Target, decode: Target, room: int) -> tuple[bytes, bytes]:
+    """The bodies the prefill and the decode leg receive: the same request and rendezvous, and
+    under `--dp-aware` each leg's rank — `routed_dp_rank` (its own), and for decode
+    `disagg_prefill_dp_rank` (the prefill's: where its KV comes from)."""
     body = codec.loads(relay_body(call))
     body["bootstrap_host"] = urlsplit(prefill.url).hostname
     body["bootstrap_port"] = prefill.bootstrap_port
     body["bootstrap_room"] = room
-    return codec.dumps(body)
+    if prefill.dp_rank is None and decode.dp_rank is None:
+        shared = codec.dumps(body)
+        return shared, shared
+    prefill_body, decode_body = dict(body), body
+    if prefill.dp_rank is not None:
+        prefill_body["routed_dp_rank"] = prefill.dp_rank
+        decode_body["disagg_prefill_dp_rank"] = prefill.dp_rank
+    if decode.dp_rank is not None:
+        decode_body["routed_dp_rank"] = decode.dp_rank
+    return codec.dumps(prefill_body), codec.dumps(decode_body)
+
+
+def vllm_prefill_body(body: dict[str, Any]) -> bytes:
+    """A vLLM prefill leg: the request sanitized for the KV handoff, tagged for the connector."""
+    leg = dict(body)
+    leg["stream"] = False
+    leg.pop("stream_options", None)
+    if "n" in leg:
+        leg["n"] = 1
+    leg.pop("min_tokens", None)
+    leg["max_tokens"] = 1
+    leg["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
+    return codec.dumps(leg)
+
+
+def returned_kv_params(raw: bytes) -> Any:
+    """The `kv_transfer_params` a vLLM prefill leg answered with, if any."""
+    try:
+        answer = codec.loads(raw)
+    except ValueError:
+        return None
+    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+    return params if isinstance(params, dict) else None
 
 
 def _transport_failure(exc: httpx.HTTPError, leg: str, url: str) -> Failure:
@@ -104,12 +149,19 @@ class HttpPdConnector:
         async for lease in attempts:
             pair = cast(PairLease, lease)
             prefill, decode = pair.prefill.target, pair.target
+            if prefill.runtime == "vllm":
+                unreachable: list[str] = []
+                async for event in self._sequential(call, pair, client, forwarded, unreachable):
+                    yield event
+                if unreachable:
+                    continue
+                return
             yield pair.prefill.routed
             yield pair.routed
-            body = bootstrap_body(call, prefill, secrets.randbits(_ROOM_BITS))
+            prefill_body, decode_body = bootstrap_bodies(call, prefill, decode, secrets.randbits(_ROOM_BITS))
             legs = {
-                "prefill": asyncio.ensure_future(self._send(client, prefill, body, forwarded)),
-                "decode": asyncio.ensure_future(self._send(client, decode, body, forwarded)),
+                "prefill": asyncio.ensure_future(self._send(client, prefill, prefill_body, forwarded)),
+                "decode": asyncio.ensure_future(self._send(client, decode, decode_body, forwarded)),
             }
             await asyncio.wait(legs.values(), return_when=asyncio.ALL_COMPLETED)
             failed = next((leg for leg, task in legs.items() if task.exception() is not None), None)
@@ -152,6 +204,60 @@ class HttpPdConnector:
             async for event in self._relay.relay_response(call, decode, decode_response):
                 yield event
             return
+
+    async def _sequential(
+        self,
+        call: Call,
+        pair: PairLease,
+        client: httpx.AsyncClient,
+        forwarded: dict[str, str],
+        unreachable: list[str],
+    ) -> AsyncGenerator[Event, None]:
+        """One vLLM attempt: the prefill leg, then the decode leg with the KV params it returned.
+        A transport failure marks the lease that failed and names its leg in `unreachable` (the
+        caller tries the next pair)."""
+        prefill, decode = pair.prefill.target, pair.target
+        body = codec.loads(relay_body(call))
+        fan_out = isinstance(body.get("n"), int) and body["n"] > 1
+        if not fan_out:
+            yield pair.prefill.routed
+            try:
+                response = await self._send(client, prefill, vllm_prefill_body(body), forwarded)
+            except httpx.HTTPError as exc:
+                pair.prefill.failed(_transport_failure(exc, "prefill", prefill.url))
+                unreachable.append("prefill")
+                return
+            status = response.status_code
+            pair.prefill.answered(status)
+            if status >= 400:
+                pair.answered(status)
+                async for event in self._prefill_error(prefill, response):
+                    yield event
+                return
+            raw = await self._read(response)
+            yield Upstream(
+                part="prefill:head",
+                status=status,
+                headers=relayed_response_headers(response.headers.multi_items()),
+                worker=prefill.url,
+            )
+            data, encoding = text_piece(raw)
+            yield Upstream(part="prefill:body", data=data, encoding=encoding)
+            params = returned_kv_params(raw)
+            if params is not None:
+                body["kv_transfer_params"] = params
+            else:
+                log.info("vLLM prefill %s returned no kv_transfer_params: decode recomputes the prompt", prefill.url)
+        yield pair.routed
+        try:
+            decode_response = await self._send(client, decode, codec.dumps(body), forwarded)
+        except httpx.HTTPError as exc:
+            pair.failed(_transport_failure(exc, "decode", decode.url))
+            unreachable.append("decode")
+            return
+        pair.answered(decode_response.status_code)
+        async for event in self._relay.relay_response(call, decode, decode_response):
+            yield event
 
     async def _send(
         self, client: httpx.AsyncClient, target: Target, body: bytes, forwarded: dict[str, str]

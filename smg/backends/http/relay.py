@@ -45,6 +45,14 @@ def relay_body(call: Call) -> bytes:
     return codec.dumps(body)
 
 
+def pinned_body(body: bytes, rank: int) -> bytes:
+    """A body for one data-parallel rank of a worker (`--dp-aware`): `data_parallel_rank` added,
+    as the reference's rank-pinned workers send it."""
+    pinned = codec.loads(body)
+    pinned["data_parallel_rank"] = rank
+    return codec.dumps(pinned)
+
+
 class HttpConnector:
     """Relays Messages and count_tokens requests to HTTP workers."""
 
@@ -71,7 +79,7 @@ class HttpConnector:
             self._client = None
 
     async def discover(self, target: Target) -> Discovery:
-        return await discover(target, self.client)
+        return await discover(target, self.client, dp_aware=self._config.router.dp_aware)
 
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
         return await check_health(target, self.client, timeout, endpoint)
@@ -110,9 +118,10 @@ class HttpConnector:
             yield lease.routed
             url = self._url(worker.url, path)
             headers = with_worker_key(forwarded, worker.api_key)
+            sent = body if worker.dp_rank is None else pinned_body(body, worker.dp_rank)
             try:
                 response = await self.client.send(
-                    self.client.build_request("POST", url, content=body, headers=headers), stream=True
+                    self.client.build_request("POST", url, content=sent, headers=headers), stream=True
                 )
             except httpx.TimeoutException as exc:
                 log.warning("worker %s: %s", url, describe_exception(exc))
