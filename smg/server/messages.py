@@ -212,7 +212,9 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
             code = internal.code
             await _fail(flow, projection, responder, internal, stage)
     except asyncio.CancelledError:
-        disconnected = True
+        # A client that closes its connection once it has the whole answer did not hang up on
+        # it, even if the handler was still winding down (closing an upstream leg) when it did.
+        disconnected = not responder.finished
         raise
     finally:
         completed = Completed(

@@ -14,13 +14,14 @@ from smg.projection import Action, End, Head, Send, Whole
 
 
 class Responder:
-    __slots__ = ("_request", "_stream", "bytes_sent", "status")
+    __slots__ = ("_request", "_stream", "bytes_sent", "status", "finished")
 
     def __init__(self, request: Any) -> None:
         self._request = request
         self._stream: Any = None
         self.bytes_sent = 0
         self.status: int | None = None
+        self.finished = False  # the last byte of the response is written
 
     @property
     def responded(self) -> bool:
@@ -39,6 +40,7 @@ class Responder:
                         pending = []
                     else:
                         await self._stream.eof()
+                    self.finished = True
                 continue
             if pending:
                 await self._send(pending)
@@ -50,6 +52,7 @@ class Responder:
                 response = await self._request.respond(status=action.status, headers=headers, content_type=content_type)
                 await response.send(action.body, end_stream=True)
                 self.bytes_sent += len(action.body)
+                self.finished = True
             elif isinstance(action, Head):
                 headers = dict(action.headers)
                 content_type = headers.pop("content-type", "text/event-stream")
