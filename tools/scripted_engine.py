@@ -1058,13 +1058,24 @@ class Engine:
         plan = make_plan(script, asked, self.model, self.semantics)
         stream = _Stream(tokens=len(asked.input_ids))
         self.streams[asked.request_id] = stream
+        # A client's cancel reaches the handler as CancelledError only when it lands while the
+        # generator runs; one that lands while grpc is sending a message ends the generator
+        # with GeneratorExit instead. The call's own record of it sees both.
+        rid = asked.request_id
+
+        def done(ctx: Any) -> None:
+            if ctx.cancelled() and rid not in self.cancelled:
+                self.cancelled.append(rid)
+
+        context.add_done_callback(done)
         try:
             async for response in self._run(asked, script, plan, stream, context):
                 if handoff is not None and response.WhichOneof("response") == "complete":
                     response.complete.kv_transfer_params_json = handoff
                 yield response
         except asyncio.CancelledError:
-            self.cancelled.append(asked.request_id)
+            if rid not in self.cancelled:
+                self.cancelled.append(rid)
             raise
         finally:
             if self.streams.get(asked.request_id) is stream:

@@ -97,7 +97,8 @@ def flagged(engines: dict[str, Spawned]) -> Iterator[EngineUnderTest]:
 
 @pytest.fixture
 async def engine_client(engine: EngineUnderTest) -> AsyncIterator[EngineClient]:
-    client = connect(engine.runtime, engine.url)
+    # Every engine message a chunk of its own: these tests read each protocol's chunks.
+    client = connect(engine.runtime, engine.url, merge_waiting=False)
     try:
         yield client
     finally:

@@ -173,6 +173,17 @@ class Stream:
             self.waiter = self.connection.loop.create_future()
             await self.waiter
 
+    def read_nowait(self) -> bytes | None:
+        """The next message if one is already here, else None (whether or not more will come)."""
+        messages = self.messages
+        if not messages:
+            return None
+        message = messages.popleft()
+        self.buffered -= len(message) + 5
+        if self.credit >= _CREDIT_AT and self.buffered < _WITHHOLD_AT:
+            self.connection.give_back(self)
+        return message
+
     def cancel(self) -> None:
         """The reader is gone: tell the engine (RST_STREAM CANCEL) and forget the stream."""
         self.connection.reset(self)
@@ -696,6 +707,10 @@ class Call:
                 if self.retries > self.RETRIES:
                     raise
                 self.stream = await self.open()
+
+    def read_nowait(self) -> bytes | None:
+        """The next answer if one is already here, else None."""
+        return None if self.stream is None else self.stream.read_nowait()
 
     def cancel(self) -> None:
         """The reader is gone: the engine is told (RST_STREAM CANCEL)."""

@@ -25,13 +25,15 @@ CLIENTS: dict[str, type[GrpcEngineClient]] = {
 RUNTIMES: tuple[str, ...] = tuple(CLIENTS)
 
 
-def connect(runtime: str, target: str) -> EngineClient:
-    """The client for the `runtime` engine at `target` (`host:port` or `grpc://host:port`)."""
+def connect(runtime: str, target: str, *, merge_waiting: bool = True) -> EngineClient:
+    """The client for the `runtime` engine at `target` (`host:port` or `grpc://host:port`).
+    `merge_waiting`: Generate chunks already received when the reader gets to them are handed
+    on as one (see `GrpcEngineClient.generate`); off, every engine message is a chunk of its own."""
     try:
         client_class = CLIENTS[runtime]
     except KeyError:
         raise ValueError(f"unknown gRPC engine runtime {runtime!r} (known: {', '.join(RUNTIMES)})") from None
-    return client_class(strip_scheme(target))
+    return client_class(strip_scheme(target), merge_waiting=merge_waiting)
 
 
 __all__ = [

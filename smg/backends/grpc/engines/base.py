@@ -48,6 +48,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", 256 * MiB),
 ]
 MAX_BUNDLE_BYTES = 200 * MiB  # as the Rust gateway's tokenizer_bundle.rs
+MAX_MERGED = 256  # engine chunks handled as one at most, when they are already waiting
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -235,8 +236,11 @@ class GrpcEngineClient(ABC):
     # Whether the protocol has `GetLoads` (SGLang, vLLM, TokenSpeed; not TRT-LLM or MLX).
     has_loads: bool = False
 
-    def __init__(self, target: str, *, timeout: float = 10.0, bundle_timeout: float = 120.0) -> None:
+    def __init__(
+        self, target: str, *, timeout: float = 10.0, bundle_timeout: float = 120.0, merge_waiting: bool = True
+    ) -> None:
         self.target = strip_scheme(target)
+        self.merge_waiting = merge_waiting
         self.timeout = timeout
         self.bundle_timeout = bundle_timeout
         self._channel: grpc.aio.Channel | None = None
@@ -358,18 +362,41 @@ class GrpcEngineClient(ABC):
         stream = await self._wire.stream(path, request, tracing.grpc_metadata() or ())
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
-        read = stream.read
+        read, waiting = stream.read, stream.read_nowait
+        most = MAX_MERGED if self.merge_waiting else 1
         try:
             while (message := await read()) is not None:
                 raw = self._read(parse(message))
                 if done is not None or raw is None:
                     continue  # n = 1: nothing follows the `complete` but the status
-                if isinstance(raw, RawChunk):
-                    chunk = tally.chunk(raw)
-                    if chunk is not None:
-                        yield chunk
-                else:
+                if not isinstance(raw, RawChunk):
                     done = tally.done(raw)
+                    continue
+                chunk = tally.chunk(raw)
+                # Chunks that are already here when the gateway gets to this one (it fell behind
+                # the engine) go on as one: one pass through the pipeline, one journal event, one
+                # SSE frame for all of them. Nothing waits for more.
+                merged = 1
+                while merged < most and (more := waiting()) is not None:
+                    raw = self._read(parse(more))
+                    if raw is None:
+                        continue
+                    if not isinstance(raw, RawChunk):
+                        done = tally.done(raw)
+                        break
+                    merged += 1
+                    following = tally.chunk(raw)
+                    if following is None:
+                        continue
+                    if chunk is None:
+                        chunk = following
+                    else:
+                        chunk.token_ids += following.token_ids
+                        chunk.prompt_tokens = following.prompt_tokens
+                        chunk.completion_tokens = following.completion_tokens
+                        chunk.cached_tokens = following.cached_tokens
+                if chunk is not None:
+                    yield chunk
             # The status is in: the `complete` is final and nothing is left to cancel.
             yield done if done is not None else tally.ended_without_complete()
         except DecodeError as exc:
