@@ -25,7 +25,11 @@ What it implements, of HTTP/2 (RFC 9113) and gRPC over it (the gRPC "PROTOCOL-HT
   GOAWAY (streams past its last id fail as UNAVAILABLE, nothing new starts on that
   connection), RST_STREAM both ways (a reader that leaves early cancels its stream), and the
   connection's loss failing every stream on it as UNAVAILABLE. Header blocks are HPACK
-  (`hpack`), CONTINUATION included.
+  (`hpack`), CONTINUATION included, decoded on every block, a reset stream's too;
+* the peer held to the protocol: a window taken past 2^31-1, a WINDOW_UPDATE of 0, DATA past
+  the window granted, a frame past the size announced or a SETTINGS value out of range is
+  answered with RST_STREAM or GOAWAY of the error code RFC 9113 names (never a RST_STREAM
+  for a RST_STREAM); a header list past `MAX_HEADER_LIST` fails only its stream.
 
 Failures are `EngineError`s named by gRPC status codes, as `grpc.aio`'s are once converted, so
 the connector's retry and health rules see the same thing whichever client ran the call.
@@ -54,8 +58,9 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, REFUSED_STREAM, CANCEL = 0x0, 0x1, 0x3, 0x7, 0x8
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x0, 0x1, 0x3, 0x6, 0x7, 0x8
 _MAX_WINDOW = (1 << 31) - 1
+_MAX_FRAME = 1 << 20  # the SETTINGS_MAX_FRAME_SIZE this side announces
 
 # What this side grants: a stream may run 4 MiB ahead of its reader, the connection 64 MiB.
 STREAM_WINDOW = 4 * 1024 * 1024
@@ -63,6 +68,11 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 _CREDIT_AT = STREAM_WINDOW // 4  # a stream's window is given back a quarter at a time
 _WITHHOLD_AT = STREAM_WINDOW // 2  # unread bytes past which it is not
 MAX_MESSAGE = 256 * 1024 * 1024  # as CHANNEL_OPTIONS' grpc.max_receive_message_length
+# A header list past this fails its stream (RESOURCE_EXHAUSTED), as grpc-core's 16 KiB hard
+# limit does, only more leniently; past the second, HPACK decoding stops and so must the
+# connection (its dynamic table can no longer be kept in step).
+MAX_HEADER_LIST = 64 * 1024
+_MAX_HEADER_BLOCK = 16 * 1024 * 1024
 
 _STATUS_NAMES = (
     "OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS PERMISSION_DENIED"
@@ -199,9 +209,11 @@ class Connection(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.next_id = 1
         self.buffer = bytearray()
+        self.awaited = 0  # the size of the frame `buffer` holds the start of
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self.decoder.max_allowed_table_size = 64 * 1024
+        self.decoder.max_header_list_size = _MAX_HEADER_BLOCK
         self.peer_max_frame = 16384
         self.peer_initial_window = 65535
         self.peer_max_streams = _MAX_WINDOW
@@ -227,7 +239,7 @@ class Connection(asyncio.Protocol):
             for key, value in (
                 (SETTINGS_ENABLE_PUSH, 0),
                 (SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                (SETTINGS_MAX_FRAME_SIZE, 1 << 20),
+                (SETTINGS_MAX_FRAME_SIZE, _MAX_FRAME),
             )
         )
         self.transport.write(
@@ -244,6 +256,8 @@ class Connection(asyncio.Protocol):
         buffer = self.buffer
         if buffer:
             buffer += data
+            if len(buffer) < self.awaited:
+                return  # a large frame arriving in many reads is joined once, when whole
             data = bytes(buffer)
             buffer.clear()
         view = memoryview(data)
@@ -257,6 +271,9 @@ class Connection(asyncio.Protocol):
                 length = (hi << 8) | lo
                 end = pos + 9 + length
                 if end > size:
+                    if length > _MAX_FRAME:
+                        raise _ProtocolError(f"a frame of {length} bytes", FRAME_SIZE_ERROR)
+                    self.awaited = end - pos
                     break
                 if kind == DATA:
                     self._data(view[pos + 9 : end], flags, stream_id & _MAX_WINDOW, length, woken)
@@ -264,10 +281,12 @@ class Connection(asyncio.Protocol):
                     self._control(kind, flags, stream_id & _MAX_WINDOW, data[pos + 9 : end], woken)
                 pos = end
         except _ProtocolError as exc:
-            self._abandon(str(exc))
+            self._abandon(str(exc), exc.code)
             return
         if pos < size:
             buffer += view[pos:]
+            if size - pos < 9:
+                self.awaited = 9  # a frame header's worth, then its length is known
         for stream in woken:
             stream.wake()
         if self.unacked >= CONNECTION_WINDOW // 2:
@@ -298,6 +317,10 @@ class Connection(asyncio.Protocol):
         else:
             data = payload
         stream.credit += length
+        if stream.credit > STREAM_WINDOW:
+            error = EngineError("INTERNAL", "the engine sent past the stream's flow-control window")
+            self._fail_stream(stream, error, woken, FLOW_CONTROL_ERROR)
+            return
         pos, size = 0, len(data)
         messages = stream.messages
         while size - pos >= 5:
@@ -350,6 +373,8 @@ class Connection(asyncio.Protocol):
             if self._block is None or self._block[0] != stream_id:
                 raise _ProtocolError("CONTINUATION outside a header block")
             self._block[2].extend(payload)
+            if len(self._block[2]) > _MAX_HEADER_BLOCK:
+                raise _ProtocolError("a header block past 16 MiB")
             if flags & END_HEADERS:
                 sid, first_flags, block = self._block
                 self._block = None
@@ -364,15 +389,28 @@ class Connection(asyncio.Protocol):
                 raise _ProtocolError("WINDOW_UPDATE of the wrong size")
             increment = _WINDOW.unpack(payload)[0] & _MAX_WINDOW
             if stream_id == 0:
+                if increment == 0:
+                    raise _ProtocolError("a WINDOW_UPDATE of 0 for the connection")
                 self.send_window += increment
+                if self.send_window > _MAX_WINDOW:
+                    raise _ProtocolError("the connection's window past 2^31-1", FLOW_CONTROL_ERROR)
                 waiters, self.window_waiters = self.window_waiters, []
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
             elif (stream := self.streams.get(stream_id)) is not None:
                 stream.send_window += increment
-                stream.wake_sender()
+                if increment == 0:
+                    error = EngineError("INTERNAL", "the engine sent a WINDOW_UPDATE of 0")
+                    self._fail_stream(stream, error, woken, PROTOCOL_ERROR)
+                elif stream.send_window > _MAX_WINDOW:
+                    error = EngineError("INTERNAL", "the engine took the stream's window past 2^31-1")
+                    self._fail_stream(stream, error, woken, FLOW_CONTROL_ERROR)
+                else:
+                    stream.wake_sender()
         elif kind == PING:
+            if len(payload) != 8:
+                raise _ProtocolError("a PING of the wrong size", FRAME_SIZE_ERROR)
             if not flags & ACK:
                 self._write(_frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
@@ -383,7 +421,7 @@ class Connection(asyncio.Protocol):
                 said = f"the engine reset the stream (HTTP/2 error {code})"
                 refused = code == REFUSED_STREAM and stream.headers is None
                 error = Refused(status, said) if refused else EngineError(status, said)
-                self._fail_stream(stream, error, woken)
+                self._fail_stream(stream, error, woken, None)  # never a reset for a reset
         elif kind == GOAWAY:
             last = (_WINDOW.unpack(payload[:4])[0] & _MAX_WINDOW) if len(payload) >= 8 else 0
             code = _WINDOW.unpack(payload[4:8])[0] if len(payload) >= 8 else PROTOCOL_ERROR
@@ -394,8 +432,10 @@ class Connection(asyncio.Protocol):
             if self.closed is None:
                 self.closed = error
             for stream in [s for s in self.streams.values() if s.id > last]:
-                self._fail_stream(stream, Refused(error.code, error.message), woken)
+                self._fail_stream(stream, Refused(error.code, error.message), woken, None)  # never begun
             self._release_slots()
+            if not self.streams and self.transport is not None:
+                self.transport.close()
         elif kind == PUSH_PROMISE:
             raise _ProtocolError("PUSH_PROMISE after push was disabled")
         # PRIORITY and unknown frame types are ignored, as HTTP/2 says.
@@ -407,6 +447,11 @@ class Connection(asyncio.Protocol):
             raise _ProtocolError(f"bad header block: {exc}") from exc
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended:
+            return
+        size = sum(32 + len(k) + len(v) for k, v in decoded)
+        if size > MAX_HEADER_LIST:
+            error = EngineError("RESOURCE_EXHAUSTED", f"the engine sent a header list of {size} bytes")
+            self._fail_stream(stream, error, woken, None if flags & END_STREAM else CANCEL)
             return
         fields = {str(k): str(v) for k, v in decoded}
         if stream.headers is None:
@@ -426,14 +471,21 @@ class Connection(asyncio.Protocol):
             key, value = struct.unpack_from(">HL", payload, pos)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > _MAX_WINDOW:
-                    raise _ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1")
+                    raise _ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1", FLOW_CONTROL_ERROR)
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > _MAX_WINDOW:
+                        raise _ProtocolError("a stream's window past 2^31-1", FLOW_CONTROL_ERROR)
                     stream.wake_sender()
             elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not 16384 <= value < 1 << 24:
+                    raise _ProtocolError(f"SETTINGS_MAX_FRAME_SIZE of {value}")
                 self.peer_max_frame = value
+            elif key == SETTINGS_ENABLE_PUSH:
+                if value != 0:
+                    raise _ProtocolError("SETTINGS_ENABLE_PUSH from a server")
             elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
                 self._release_slots()
@@ -458,12 +510,14 @@ class Connection(asyncio.Protocol):
             error = EngineError("INTERNAL", "the engine ended the stream inside a message")
         stream.error = error
         stream.ended = True
+        stream.wake_sender()  # a request still waiting for window is not sent on
         self._forget(stream)
         woken.add(stream)
 
-    def _fail_stream(self, stream: Stream, error: EngineError, woken: set[Stream]) -> None:
-        if not stream.ended:
-            self._write(_frame(RST_STREAM, 0, stream.id, _WINDOW.pack(CANCEL)))
+    def _fail_stream(self, stream: Stream, error: EngineError, woken: set[Stream], code: int | None = CANCEL) -> None:
+        """`stream` fails with `error`; the engine is told by RST_STREAM `code` (None: not told)."""
+        if not stream.ended and code is not None:
+            self._write(_frame(RST_STREAM, 0, stream.id, _WINDOW.pack(code)))
         stream.fail(error)
         self._forget(stream)
         woken.add(stream)
@@ -493,14 +547,20 @@ class Connection(asyncio.Protocol):
         while self.closed is None and len(self.streams) >= self.peer_max_streams:
             slot = self.loop.create_future()
             self.slot_waiters.append(slot)
-            await slot
+            try:
+                await slot
+            except asyncio.CancelledError:
+                self._release_slots()  # a slot handed to this caller goes to the next
+                raise
         if self.closed is not None:
             raise NotStarted(self.closed.code, self.closed.message)
         stream_id = self.next_id
-        self.next_id += 2
         if stream_id > _MAX_WINDOW:
             self.closed = EngineError("UNAVAILABLE", "the connection ran out of stream ids")
-            raise self.closed
+            if not self.streams and self.transport is not None:
+                self.transport.close()
+            raise NotStarted(self.closed.code, self.closed.message)
+        self.next_id += 2
         stream = Stream(self, stream_id, self.peer_initial_window)
         self.streams[stream_id] = stream
         headers = [
@@ -541,12 +601,16 @@ class Connection(asyncio.Protocol):
                 break
             if self.closed is not None and stream_id > self.last_stream:
                 raise self.closed
+            # One future for either window, so the stream's end wakes it too.
             window = self.loop.create_future()
+            stream.window_waiter = window
             if self.send_window <= 0:
                 self.window_waiters.append(window)
-            else:
-                stream.window_waiter = window
-            await window
+            try:
+                await window
+            except asyncio.CancelledError:
+                self.reset(stream)  # the engine must not wait for the rest of the request
+                raise
         if out:
             self._write(bytes(out))
         return stream
@@ -565,8 +629,8 @@ class Connection(asyncio.Protocol):
             if not slot.done():
                 slot.set_result(None)
 
-    def _abandon(self, reason: str) -> None:
-        self._write(_frame(GOAWAY, 0, 0, _WINDOW.pack(0) + _WINDOW.pack(PROTOCOL_ERROR) + reason.encode()[:256]))
+    def _abandon(self, reason: str, code: int) -> None:
+        self._write(_frame(GOAWAY, 0, 0, _WINDOW.pack(0) + _WINDOW.pack(code) + reason.encode()[:256]))
         self._close(EngineError("UNAVAILABLE", f"HTTP/2 protocol error from {self.authority}: {reason}"))
 
     def _close(self, error: EngineError) -> None:
@@ -600,7 +664,11 @@ class Refused(EngineError):
 
 
 class _ProtocolError(Exception):
-    """The peer broke HTTP/2: the connection is given up."""
+    """The peer broke HTTP/2: the connection is given up, with GOAWAY `code`."""
+
+    def __init__(self, reason: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 def _decompress(encoding: str, message: bytes) -> bytes:
@@ -625,6 +693,7 @@ class Channel:
         self.connect_timeout = connect_timeout
         self._connection: Connection | None = None
         self._connecting: asyncio.Task[Connection] | None = None
+        self._closed = False
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -644,16 +713,29 @@ class Channel:
         connection = self._connection
         if connection is not None and connection.closed is None:
             return connection
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect())
+        if self._closed:
+            raise EngineError("UNAVAILABLE", "the channel was closed")
         connecting = self._connecting
-        try:
-            connection = await asyncio.shield(connecting)
-        finally:
-            if connecting.done() and self._connecting is connecting:
-                self._connecting = None
-        self._connection = connection
+        if connecting is None:
+            # Shared by every caller, and finished even when they are all cancelled: its
+            # outcome is taken by `_connected`, not by whichever caller is still waiting.
+            connecting = self._connecting = asyncio.ensure_future(self._connect())
+            connecting.add_done_callback(self._connected)
+        connection = await asyncio.shield(connecting)
+        if self._closed:
+            raise EngineError("UNAVAILABLE", "the channel was closed")
         return connection
+
+    def _connected(self, connecting: asyncio.Task[Connection]) -> None:
+        if self._connecting is connecting:
+            self._connecting = None
+        if connecting.cancelled() or connecting.exception() is not None:
+            return
+        connection = connecting.result()
+        if self._closed:
+            connection.close()
+        else:
+            self._connection = connection
 
     async def stream(self, path: str, request: bytes, metadata: Iterable[tuple[str, str]] = ()) -> Call:
         """Start the call `path` with `request` (a serialized message); read its answers from
@@ -663,6 +745,8 @@ class Channel:
         return call
 
     def close(self) -> None:
+        """Closes its connection, and one still being opened once it is; no call starts after."""
+        self._closed = True
         if self._connection is not None:
             self._connection.close()
             self._connection = None
