@@ -354,7 +354,8 @@ async def test_closing_the_stream_early_cancels_the_rpc(engine: EngineUnderTest,
         if engine.control.cancelled():
             break
         await asyncio.sleep(0.02)
-    assert engine.control.cancelled() == ["to-drop"], ([r.get("request_id") for r in engine.control.received()], engine.control.aborts())
+    received = [r.get("request_id") for r in engine.control.received()]
+    assert engine.control.cancelled() == ["to-drop"], (received, engine.control.aborts())
     assert engine.control.aborts() == []  # the caller sends Abort itself
 
 
