@@ -1,7 +1,8 @@
 """Retention: deleting the oldest requests of a journal by age and/or size.
 
-`prune` deletes whole requests, oldest first (by arrival time): a request's events and its
-summary row go in one transaction, never part of one. Deletion runs in small transactions so
+`prune` deletes whole requests, oldest first (by arrival time): a request's events, its text
+row and its summary row go in one transaction, never part of one. Deletion runs in short
+transactions (each sized to take about `TRANSACTION_S`, from the time the ones before took) so
 that a gateway writing the same file waits at most one of them. A request that has not
 completed and arrived less than `INFLIGHT_GRACE_S` ago is never deleted: it may still be in
 flight, and deleting it would leave the rest of its events without their start.
@@ -20,12 +21,19 @@ import os
 import re
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import orjson
 
 from journal import packed, schema, search
 
 INFLIGHT_GRACE_S = 3600.0
-_CHUNK = 500  # requests per delete transaction
+TRANSACTION_S = 0.1
+"""What one delete transaction aims to take: the longest a gateway writing the file waits for it."""
+_CHUNK, _CHUNK_MIN, _CHUNK_MAX = 500, 50, 20_000  # requests per delete transaction: first, least, most
+_CACHE_KIB = 128 * 1024
+_CHECKPOINT_PAGES = 16_384
 _VACUUM_PAGES = 1000  # pages given back to the OS per transaction
 _AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _SIZE_UNITS = {
@@ -110,35 +118,76 @@ def used_bytes(conn: sqlite3.Connection) -> int:
     return int((pages - free) * size)
 
 
-def _oldest(conn: sqlite3.Connection, limit: int, before: float | None, protect_after: float) -> list[str]:
-    """Ids of the oldest deletable requests (arrival before `before`, if given)."""
-    sql = "SELECT id FROM requests WHERE (completed = 1 OR ts IS NULL OR ts < ?)"
+def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, protect_after: float) -> tuple[int, int]:
+    """Delete the `limit` oldest deletable requests (arrival before `before`, if given), their
+    events, text rows and summary rows, in one transaction: `(requests, events)` deleted.
+
+    The rows go by integer key (`rk`), in key order, so each table and index is walked in the
+    order it was written; the keys travel as one JSON array (no limit on how many)."""
+    sql = "SELECT rk FROM requests WHERE (completed = 1 OR ts IS NULL OR ts < ?)"
     params: list[object] = [protect_after]
     if before is not None:
         sql += " AND (ts IS NULL OR ts < ?)"
         params.append(before)
-    sql += " ORDER BY ts, rowid LIMIT ?"
+    sql += " ORDER BY ts, rk LIMIT ?"
     params.append(limit)
-    return [row[0] for row in conn.execute(sql, params)]
-
-
-def _delete(conn: sqlite3.Connection, ids: list[str]) -> int:
-    """Delete these requests, events and summary rows, in one transaction; the events count."""
-    marks = ", ".join("?" * len(ids))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        keys = f"SELECT rk FROM requests WHERE id IN ({marks})"
+        keys = sorted(row[0] for row in conn.execute(sql, params))
+        if not keys:
+            conn.execute("COMMIT")
+            return 0, 0
+        doomed = (orjson.dumps(keys).decode(),)
+        chosen = "(SELECT value FROM json_each(?))"
         # A packed row holds several events: count what it holds, not the row.
-        runs = conn.execute(f"SELECT data FROM events WHERE kind = '{packed.RUN_KIND}' AND rk IN ({keys})", ids)
+        runs = conn.execute(f"SELECT data FROM events WHERE rk IN {chosen} AND kind = '{packed.RUN_KIND}'", doomed)
         held = sum(packed.count(data) - 1 for (data,) in runs)
-        events = conn.execute(f"DELETE FROM events WHERE rk IN ({keys})", ids).rowcount + held
-        search.delete_text(conn, ids)
-        conn.execute(f"DELETE FROM requests WHERE id IN ({marks})", ids)
+        events = conn.execute(f"DELETE FROM events WHERE rk IN {chosen}", doomed).rowcount + held
+        if search.has_index(conn):
+            conn.execute(f"DELETE FROM {search.TABLE} WHERE rowid IN {chosen}", doomed)
+        conn.execute(f"DELETE FROM requests WHERE rk IN {chosen}", doomed)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return int(events)
+    return len(keys), int(events)
+
+
+class _Pace:
+    """How many requests the next delete transaction takes: as many as fit in `TRANSACTION_S`,
+    measured on the ones before (the cost per request depends on the file and the machine)."""
+
+    def __init__(self) -> None:
+        self.size = _CHUNK
+
+    def timed(self, run: Callable[[int], tuple[int, int]], limit: int) -> tuple[int, int]:
+        started = time.monotonic()
+        done = run(min(limit, self.size))
+        elapsed = time.monotonic() - started
+        if done[0] >= self.size:
+            aim = self.size * TRANSACTION_S / max(elapsed, 1e-3)
+            self.size = int(max(self.size / 2, min(aim, self.size * 2, _CHUNK_MAX)))
+            self.size = max(_CHUNK_MIN, self.size)
+        return done
+
+
+def _tune(conn: sqlite3.Connection) -> Callable[[], None]:
+    """A page cache that holds the indexes being pruned (each delete transaction then reads
+    them from memory, not from the file), temporary results in memory, and a write-ahead
+    log checkpointed every `_CHECKPOINT_PAGES` (a page deleted from in many transactions is
+    copied back to the file once per checkpoint instead of once per transaction); returns
+    what puts the connection's settings back."""
+    saved = {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("cache_size", "temp_store")}
+    saved["wal_autocheckpoint"] = conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
+
+    def restore() -> None:
+        for name, value in saved.items():
+            conn.execute(f"PRAGMA {name} = {int(value)}")
+
+    return restore
 
 
 def prune_connection(
@@ -153,33 +202,42 @@ def prune_connection(
     protect_after = now - INFLIGHT_GRACE_S
     before = used_bytes(conn)
     requests = events = 0
-    if max_age_s is not None:
-        cutoff = now - max_age_s
-        while ids := _oldest(conn, _CHUNK, cutoff, protect_after):
-            events += _delete(conn, ids)
-            requests += len(ids)
-    if max_bytes is not None:
-        size = used_bytes(conn)
-        # Counted once: counting every round is a scan of the table per 500 requests deleted.
-        count = conn.execute("SELECT count(*) FROM requests").fetchone()[0] if size > max_bytes else 0
-        while size > max_bytes:
-            if count <= 0:
-                break
-            # Aim from the average request size; the loop re-measures, so a rough aim only
-            # costs another round.
-            share = (size - max_bytes) / size
-            ids = _oldest(conn, max(1, min(_CHUNK, int(count * share * 1.1) + 1)), None, protect_after)
-            if not ids:
-                break
-            events += _delete(conn, ids)
-            requests += len(ids)
-            count -= len(ids)
+    pace = _Pace()
+    restore = _tune(conn)
+    try:
+        if max_age_s is not None:
+            cutoff = now - max_age_s
+            while True:
+                done, held = pace.timed(lambda n: _delete_oldest(conn, n, cutoff, protect_after), _CHUNK_MAX)
+                if not done:
+                    break
+                requests += done
+                events += held
+        if max_bytes is not None:
             size = used_bytes(conn)
-    if requests and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
-        # In steps: one long vacuum transaction would hold up the gateway's writer.
-        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-        for _ in range(free // _VACUUM_PAGES + 1):
-            conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+            # Counted once: counting every round is a scan of the table per transaction.
+            count = conn.execute("SELECT count(*) FROM requests").fetchone()[0] if size > max_bytes else 0
+            while size > max_bytes and count > 0:
+                # Aim from the average request size; the loop re-measures, so a rough aim only
+                # costs another round.
+                share = (size - max_bytes) / size
+                aim = max(1, int(count * share * 1.1) + 1)
+                done, held = pace.timed(lambda n: _delete_oldest(conn, n, None, protect_after), aim)
+                if not done:
+                    break
+                requests += done
+                events += held
+                count -= done
+                size = used_bytes(conn)
+        if requests and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
+            # In steps: one long vacuum transaction would hold up the gateway's writer.
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            for _ in range(free // _VACUUM_PAGES + 1):
+                conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+        if requests:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        restore()
     return PruneResult(requests, events, before, used_bytes(conn))
 
 

@@ -312,13 +312,6 @@ def write_text(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
         )
 
 
-def delete_text(conn: sqlite3.Connection, ids: list[str]) -> None:
-    """Drop the text rows of these requests (before their summary rows are deleted)."""
-    if ids and has_index(conn):
-        marks = ", ".join("?" * len(ids))
-        conn.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT rowid FROM requests WHERE id IN ({marks}))", ids)
-
-
 def has_index(conn: sqlite3.Connection) -> bool:
     """Whether the file has the text index (a file written before it was added has not)."""
     return (
