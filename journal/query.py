@@ -72,7 +72,7 @@ import orjson
 
 from journal import search
 
-__all__ = ["QueryError", "compile_query", "FIELDS"]
+__all__ = ["QueryError", "compile_query", "text_only", "FIELDS"]
 
 
 class QueryError(ValueError):
@@ -527,3 +527,44 @@ def compile_query(
     compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
     sql = compiler.node(tree)
     return sql, compiler.params
+
+
+def text_only(text: str) -> tuple[str, bool] | None:
+    """A query made only of free text (words and phrases under `!`, `|`, parentheses) as one
+    full-text expression: `(expression, negated)`, the query's matches being the expression's
+    (`negated`: every request but those). None for any other query.
+
+    A count of such a query is a count in the full-text index alone, which holds a row only for
+    requests that have a summary row: the same number the SQL of `compile_query` counts, without
+    looking a single summary row up. Raises `QueryError` for a query that does not parse.
+    """
+    tree = _Parser(text).parse()
+    if tree is None:
+        return None
+    return _fts(tree)
+
+
+def _fts(node: _Node) -> tuple[str, bool] | None:
+    if isinstance(node, _Text):
+        match = search.match_expression(node.text, prefix=not node.quoted) if node.text else None
+        return None if match is None else (match, False)
+    if isinstance(node, _Not):
+        inner = _fts(node.item)
+        return None if inner is None else (inner[0], not inner[1])
+    if isinstance(node, _Group):
+        parts = [_fts(item) for item in node.items]
+        if any(part is None for part in parts):
+            return None
+        positive = [f"({e})" for e, negated in filter(None, parts) if not negated]
+        negative = [f"({e})" for e, negated in filter(None, parts) if negated]
+        if node.op == "OR":
+            if negative:  # `a | !b` is no one expression
+                return None
+            return " OR ".join(positive), False
+        if not positive:  # !a !b: every request but those matching a or b
+            return " OR ".join(negative), True
+        expression = " AND ".join(positive)
+        if negative:
+            expression = f"({expression}) NOT ({' OR '.join(negative)})"
+        return expression, False
+    return None
