@@ -407,8 +407,10 @@ def stats(
         with _open(journal) as reader:
             where, params = _compile(query, reader)
             rows = groups.compute(_connection(reader), where, params, by=by, every=width)
-            overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
-            points = groups.series(overall, plot) if plot else []
+            points: list[tuple[Any, float | None]] = []
+            if plot:  # the chart is of every group together: a second pass only for it
+                overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
+                points = groups.series(overall, plot)
         if as_json:
             _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
             return
