@@ -8,8 +8,11 @@ completed and arrived less than `INFLIGHT_GRACE_S` ago is never deleted: it may 
 flight, and deleting it would leave the rest of its events without their start.
 
 Size is the space the data occupies, `(page_count - freelist_count) * page_size`: pages freed
-by a deletion are reused by later writes, and on journals created by this version (incremental
-auto-vacuum) `prune` also gives them back to the OS, so the file shrinks to about that size.
+by a deletion stay in the file and are reused by later writes (a gateway pruning as it writes
+keeps its file at about the size it allows). With `shrink`, on journals created by this version
+(incremental auto-vacuum), `prune` also gives them back to the OS, so the file shrinks to about
+the data's size: SQLite moves each page from the end of the file into a freed one, in steps,
+which costs about as much again as the deletion.
 
 Used by `smg journal prune` and, periodically, by the gateway's journal writer
 (`--journal-retention`).
@@ -29,11 +32,13 @@ import orjson
 from journal import packed, schema, search
 
 INFLIGHT_GRACE_S = 3600.0
-TRANSACTION_S = 0.1
+TRANSACTION_S = 0.25
 """What one delete transaction aims to take: the longest a gateway writing the file waits for it."""
+PAUSE_S = 0.05
+"""The pause after each delete transaction, in which a waiting writer takes its turn."""
 _CHUNK, _CHUNK_MIN, _CHUNK_MAX = 500, 50, 20_000  # requests per delete transaction: first, least, most
 _CACHE_KIB = 128 * 1024
-_CHECKPOINT_PAGES = 16_384
+_CHECKPOINT_REQUESTS = 10_000  # deleted requests between checkpoints: ~20 KB of log each at 1M requests
 _VACUUM_PAGES = 1000  # pages given back to the OS per transaction
 _AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _SIZE_UNITS = {
@@ -155,10 +160,13 @@ def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, p
 
 class _Pace:
     """How many requests the next delete transaction takes: as many as fit in `TRANSACTION_S`,
-    measured on the ones before (the cost per request depends on the file and the machine)."""
+    measured on the ones before (the cost per request depends on the file and the machine).
+    Between two transactions it pauses, and now and then checkpoints the write-ahead log."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
         self.size = _CHUNK
+        self.since_checkpoint = 0
 
     def timed(self, run: Callable[[int], tuple[int, int]], limit: int) -> tuple[int, int]:
         started = time.monotonic()
@@ -168,20 +176,30 @@ class _Pace:
             aim = self.size * TRANSACTION_S / max(elapsed, 1e-3)
             self.size = int(max(self.size / 2, min(aim, self.size * 2, _CHUNK_MAX)))
             self.size = max(_CHUNK_MIN, self.size)
+        self.since_checkpoint += done[0]
+        if self.since_checkpoint >= _CHECKPOINT_REQUESTS:
+            # Outside any transaction: a checkpoint holds no lock a writer needs.
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.since_checkpoint = 0
+        # A writer waiting for the lock polls it (SQLite's busy handler sleeps 1 to 100 ms between
+        # looks): taking it again at once would starve the gateway, whose look would find it taken
+        # every time.
+        time.sleep(PAUSE_S)
         return done
 
 
 def _tune(conn: sqlite3.Connection) -> Callable[[], None]:
     """A page cache that holds the indexes being pruned (each delete transaction then reads
-    them from memory, not from the file), temporary results in memory, and a write-ahead
-    log checkpointed every `_CHECKPOINT_PAGES` (a page deleted from in many transactions is
-    copied back to the file once per checkpoint instead of once per transaction); returns
-    what puts the connection's settings back."""
+    them from memory, not from the file), temporary results in memory, and no automatic
+    checkpoints: `_Pace` checkpoints every `_CHECKPOINT_REQUESTS` deleted requests (a page
+    deleted from in many transactions is copied back to the file once per checkpoint instead
+    of once per transaction, and the time is not counted as a transaction's); returns what
+    puts the connection's settings back."""
     saved = {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("cache_size", "temp_store")}
     saved["wal_autocheckpoint"] = conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
     conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
     conn.execute("PRAGMA temp_store = MEMORY")
-    conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
 
     def restore() -> None:
         for name, value in saved.items():
@@ -196,13 +214,14 @@ def prune_connection(
     max_age_s: float | None = None,
     max_bytes: int | None = None,
     now: float | None = None,
+    shrink: bool = False,
 ) -> PruneResult:
     """`prune` on an open connection (autocommit mode, as `schema.connect` opens it)."""
     now = time.time() if now is None else now
     protect_after = now - INFLIGHT_GRACE_S
     before = used_bytes(conn)
     requests = events = 0
-    pace = _Pace()
+    pace = _Pace(conn)
     restore = _tune(conn)
     try:
         if max_age_s is not None:
@@ -229,7 +248,7 @@ def prune_connection(
                 events += held
                 count -= done
                 size = used_bytes(conn)
-        if requests and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
+        if shrink and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
             # In steps: one long vacuum transaction would hold up the gateway's writer.
             free = conn.execute("PRAGMA freelist_count").fetchone()[0]
             for _ in range(free // _VACUUM_PAGES + 1):
@@ -247,14 +266,16 @@ def prune(
     max_age_s: float | None = None,
     max_bytes: int | None = None,
     now: float | None = None,
+    shrink: bool = False,
 ) -> PruneResult:
     """Delete whole requests, oldest first, until none is older than `max_age_s` seconds and
-    the data occupies at most `max_bytes` (see the module docstring). Raises FileNotFoundError
-    when there is no journal at `path` (it never creates one)."""
+    the data occupies at most `max_bytes` (see the module docstring); `shrink`: give the freed
+    pages back to the OS. Raises FileNotFoundError when there is no journal at `path` (it never
+    creates one)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no journal at {os.fspath(path)}")
     conn = schema.connect(path)
     try:
-        return prune_connection(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
+        return prune_connection(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=now, shrink=shrink)
     finally:
         conn.close()

@@ -531,6 +531,10 @@ def prune(
     max_size: Annotated[
         str | None, typer.Option("--max-size", help="Delete the oldest requests until the data fits (500MB, 2GB).")
     ] = None,
+    shrink: Annotated[
+        bool,
+        typer.Option("--shrink", help="Also give the freed space back to the file system (slower: pages are moved)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete whole requests, oldest first, by age and/or size (the one command that writes).
@@ -550,7 +554,7 @@ def prune(
     except ValueError as exc:
         _fail(str(exc), code=2)
     try:
-        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes)
+        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
     except FileNotFoundError as exc:
         _fail(str(exc))
     except (sqlite3.DatabaseError, SchemaTooNew) as exc:
