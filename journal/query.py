@@ -441,6 +441,8 @@ class _Compiler:
     def string(self, column: str, op: str, value: str) -> str:
         if "*" in value:
             match = f"{column} LIKE {self.bind(_glob_to_like(value))} ESCAPE '\\'"
+        elif column in search.KEYED:  # through its index by bucket (`journal.search.keyed`)
+            match = search.keyed(f"{column} = {self.bind(value)}")
         else:
             match = f"{column} = {self.bind(value)}"
         return f"({column} IS NOT NULL AND {match if op == '=' else f'NOT ({match})'})"
@@ -450,7 +452,7 @@ class _Compiler:
         if not _TRACE_ID.fullmatch(value):
             raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
         # The indexed summary column `journal.search` fills from the `received` event.
-        return f"(trace_id IS NOT NULL AND trace_id = {self.bind(value)})"
+        return f"(trace_id IS NOT NULL AND {search.keyed(f'trace_id = {self.bind(value)}')})"
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
@@ -460,7 +462,8 @@ class _Compiler:
         # `IS NOT NULL` keeps the term two-valued, so that `!id:` is its exact negation.
         in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
         low, high = self.bind(value), self.bind(value + _ID_END)
-        return f"(({in_id}) OR (client_id IS NOT NULL AND client_id >= {low} AND client_id < {high}))"
+        in_client_id = search.keyed(f"client_id >= {low} AND client_id < {high}")
+        return f"(({in_id}) OR (client_id IS NOT NULL AND {in_client_id}))"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()

@@ -199,7 +199,7 @@ class JournalReader:
             return None
         if self._has_client_id:
             rows = self._conn.execute(
-                f"{self._select} WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (id_or_prefix,)
+                f"{self._select} WHERE {search.keyed('client_id = ?')} ORDER BY ts, rowid LIMIT 11", (id_or_prefix,)
             ).fetchall()
             if len(rows) > 1:
                 raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows], client_id=True)
@@ -226,7 +226,8 @@ class JournalReader:
         ids = [
             r[0]
             for r in self._conn.execute(
-                "SELECT id FROM requests WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (request_id,)
+                f"SELECT id FROM requests WHERE {search.keyed('client_id = ?')} ORDER BY ts, rowid LIMIT 11",
+                (request_id,),
             )
         ]
         if len(ids) > 1:

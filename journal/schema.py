@@ -34,7 +34,10 @@ cost a page of the write-ahead log per deleted request each. v6 drops the indexe
 summary table, both well under a second at a million requests), and makes the indexes of
 columns that are often NULL (an error code, a tenant, the search columns of a request that
 sent no trace, user or session) partial, holding only the rows that have a value: a term on
-such a column always says `column IS NOT NULL`, which lets SQLite use them.
+such a column always says `column IS NOT NULL`, which lets SQLite use them. The indexes of the
+columns whose values few requests share (trace, session, conversation, client's id) are
+by bucket of arrival first (`journal.search.keyed`), so that deleting the oldest requests
+touches the front of each instead of a page per request all over it.
 """
 
 from __future__ import annotations
@@ -199,14 +202,12 @@ PARTIAL_INDEXES: dict[str, str] = {
     "requests_error_code_ts": "error_code, ts",
     "requests_tenant_ts": "tenant, ts",
     "requests_replay_of": "replay_of",
-    "requests_client_id": "client_id",
-    "requests_trace_id_ts": "trace_id, ts",
     "requests_user_id_ts": "user_id, ts",
-    "requests_session_id_ts": "session_id, ts",
     "requests_key_fp_ts": "key_fp, ts",
-    "requests_thread_key_ts": "thread_key, ts",
 }
 """v6's partial indexes of `requests` and their columns (only the rows whose first column is not NULL)."""
+BUCKETED_INDEXES: dict[str, str] = {f"requests_{column}_bucket": column for column in search.KEYED}
+"""v6's indexes by bucket of arrival, `(rk >> search.BUCKET_BITS, column)`, partial like those above."""
 
 
 def _v6(conn: sqlite3.Connection) -> None:
@@ -216,6 +217,12 @@ def _v6(conn: sqlite3.Connection) -> None:
         first = columns.split(",")[0]
         conn.execute(f"DROP INDEX IF EXISTS {name}")
         conn.execute(f"CREATE INDEX {name} ON requests ({columns}) WHERE {first} IS NOT NULL")
+    for name, column in BUCKETED_INDEXES.items():
+        conn.execute(f"DROP INDEX IF EXISTS requests_{column}_ts")  # v5's
+        conn.execute(f"DROP INDEX IF EXISTS requests_{column}")  # v3's (client_id)
+        conn.execute(
+            f"CREATE INDEX {name} ON requests (rk >> {search.BUCKET_BITS}, {column}) WHERE {column} IS NOT NULL"
+        )
 
 
 # v5: the search columns and the text index (`journal.search.migrate`).

@@ -31,17 +31,17 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_tenant_ts",
             "requests_stop_reason_ts",
             "requests_replay_of",
-            "requests_client_id",
-            "requests_trace_id_ts",
+            "requests_client_id_bucket",
+            "requests_trace_id_bucket",
             "requests_user_id_ts",
-            "requests_session_id_ts",
+            "requests_session_id_bucket",
             "requests_key_fp_ts",
-            "requests_thread_key_ts",
+            "requests_thread_key_bucket",
             "requests_hung_up_ts",
             "requests_cut_mid_stream_ts",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
-        assert not {"requests_duration_ms", "requests_ttfe_ms"} & indexes  # dropped in v6
+        assert not {"requests_duration_ms", "requests_ttfe_ms", "requests_trace_id_ts"} & indexes  # gone in v6
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
         assert columns == ("rk", *schema.REQUEST_COLUMNS)
         event_columns = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
@@ -295,9 +295,12 @@ def test_a_version_five_journal_keeps_its_rows_and_gets_partial_indexes(tmp_path
         assert "requests_duration_ms" not in sql and "requests_ttfe_ms" not in sql
         for name, columns in schema.PARTIAL_INDEXES.items():
             assert f"WHERE {columns.split(',')[0]} IS NOT NULL" in sql[name]
+        for name, column in schema.BUCKETED_INDEXES.items():
+            assert f"(rk >> 13, {column}) WHERE {column} IS NOT NULL" in sql[name]
+        assert "requests_session_id_ts" not in sql and "requests_client_id" not in sql
         # Only the rows with a session are in its index, and the query reaches them through it.
         held = conn.execute(
-            "SELECT count(*) FROM requests INDEXED BY requests_session_id_ts WHERE session_id IS NOT NULL"
+            "SELECT count(*) FROM requests INDEXED BY requests_session_id_bucket WHERE session_id IS NOT NULL"
         )
         assert held.fetchone()[0] == 2
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -312,4 +315,4 @@ def test_a_version_five_journal_keeps_its_rows_and_gets_partial_indexes(tmp_path
             str(r[3])
             for r in reader.connection.execute(f"EXPLAIN QUERY PLAN SELECT id FROM requests WHERE {where}", params)
         )
-        assert "requests_session_id_ts" in plan
+        assert "requests_session_id_bucket" in plan
