@@ -441,8 +441,12 @@ class _Compiler:
     def string(self, column: str, op: str, value: str) -> str:
         if "*" in value:
             match = f"{column} LIKE {self.bind(_glob_to_like(value))} ESCAPE '\\'"
-        elif column in search.KEYED:  # through its index by bucket (`journal.search.keyed`)
-            match = search.keyed(f"{column} = {self.bind(value)}")
+        elif column in search.KEYED:
+            # Through its index by bucket (`journal.search.keyed`). A set of keys, never NULL, so
+            # the term needs no `IS NOT NULL` to be two-valued: without it, a plan that walks
+            # another index tests the term on that index's entries, never reading a row.
+            keyed = search.keyed(f"{column} = {self.bind(value)}")
+            return keyed if op == "=" else f"({column} IS NOT NULL AND NOT ({keyed}))"
         else:
             match = f"{column} = {self.bind(value)}"
         return f"({column} IS NOT NULL AND {match if op == '=' else f'NOT ({match})'})"
@@ -452,7 +456,7 @@ class _Compiler:
         if not _TRACE_ID.fullmatch(value):
             raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
         # The indexed summary column `journal.search` fills from the `received` event.
-        return f"(trace_id IS NOT NULL AND {search.keyed(f'trace_id = {self.bind(value)}')})"
+        return search.keyed(f"trace_id = {self.bind(value)}")
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
@@ -463,7 +467,7 @@ class _Compiler:
         in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
         low, high = self.bind(value), self.bind(value + _ID_END)
         in_client_id = search.keyed(f"client_id >= {low} AND client_id < {high}")
-        return f"(({in_id}) OR (client_id IS NOT NULL AND {in_client_id}))"
+        return f"(({in_id}) OR {in_client_id})"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()
