@@ -40,6 +40,7 @@ QUERIES: tuple[tuple[str, str], ...] = (
     ("fields", "key:{key}"),
     ("fields", "hung_up:yes"),
     ("fields", "cut:yes"),
+    ("fields", "session:session-17 model:qwen3-8b"),
     ("filters", "model:qwen3-8b status:529"),
     ("filters", "status:5xx"),
     ("filters", "has:error model:claude-*"),
@@ -149,7 +150,7 @@ class LockProbe:
             conn.close()
 
 
-def time_prune(path: Path, share: float = 0.1) -> dict[str, Any]:
+def time_prune(path: Path, share: float = 0.1, *, shrink: bool = False) -> dict[str, Any]:
     """Prune a copy of `path` to `1 - share` of its data, with a lock probe running."""
     copy = path.with_name(path.stem + "-prune" + path.suffix)
     for suffix in ("", "-wal", "-shm"):
@@ -165,7 +166,8 @@ def time_prune(path: Path, share: float = 0.1) -> dict[str, Any]:
     try:
         with LockProbe(copy) as probe:
             started = time.perf_counter()
-            result = prune(copy, max_bytes=target, now=4_000_000_000.0)
+            options = {"shrink": True} if shrink else {}  # (an older prune has no such option)
+            result = prune(copy, max_bytes=target, now=4_000_000_000.0, **options)
             elapsed = time.perf_counter() - started
         waits = sorted(probe.waits)
         return {
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", type=Path)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prune", action="store_true", help="also time prune --max-size (10%%) on a copy")
+    parser.add_argument("--shrink", action="store_true", help="prune --shrink: also give the pages back")
     parser.add_argument("--only", default="", help="only the rows whose label contains this")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
@@ -207,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         cold, warm = figures["cold_s"], figures["warm_s"]
         print(f"{label[:48]:<48} cold {cold:7.3f}s  warm {warm:7.3f}s  -> {figures['result']}")
     if args.prune:
-        figures = time_prune(args.path)
+        figures = time_prune(args.path, shrink=args.shrink)
+        flag = " --shrink" if args.shrink else ""
         out["prune"] = figures
         print(
-            f"prune --max-size (10%): {figures['prune_s']:.2f}s, {figures['requests_deleted']} requests,"
+            f"prune --max-size (10%){flag}: {figures['prune_s']:.2f}s, {figures['requests_deleted']} requests,"
             f" {figures['bytes_before'] / 1e6:.0f} -> {figures['bytes_after'] / 1e6:.0f} MB;"
             f" writer waited at most {figures['writer_wait_max_s']:.3f}s (p99 {figures['writer_wait_p99_s']:.3f}s)"
         )
