@@ -253,6 +253,7 @@ def prune_connection(
             free = conn.execute("PRAGMA freelist_count").fetchone()[0]
             for _ in range(free // _VACUUM_PAGES + 1):
                 conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+                time.sleep(PAUSE_S)  # a waiting writer's turn, as between deletions
         if requests:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
     finally:
