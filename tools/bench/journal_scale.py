@@ -1,7 +1,7 @@
 """Query, stats and prune timings on a large journal (README, "Search at scale").
 
-    python -m tools.build_journal /tmp/j1m.db --requests 1000000
-    python -m tools.bench.journal_scale /tmp/j1m.db [--prune] [--reps 3] [--json PATH]
+    python -m tools.build_journal j1m.db --requests 1000000
+    python -m tools.bench.journal_scale j1m.db [--prune] [--reps 3] [--json PATH]
 
 Each query is timed as `smg journal ls` runs it (the first page of 50 newest first, and the
 count), each `stats` as the command computes it, through a reader opened for the
