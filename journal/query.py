@@ -72,7 +72,7 @@ import orjson
 
 from journal import search
 
-__all__ = ["QueryError", "compile_query", "FIELDS"]
+__all__ = ["QueryError", "compile_query", "text_only", "FIELDS"]
 
 
 class QueryError(ValueError):
@@ -441,6 +441,12 @@ class _Compiler:
     def string(self, column: str, op: str, value: str) -> str:
         if "*" in value:
             match = f"{column} LIKE {self.bind(_glob_to_like(value))} ESCAPE '\\'"
+        elif column in search.KEYED:
+            # Through its index by bucket (`journal.search.keyed`). A set of keys, never NULL, so
+            # the term needs no `IS NOT NULL` to be two-valued: without it, a plan that walks
+            # another index tests the term on that index's entries, never reading a row.
+            keyed = search.keyed(f"{column} = {self.bind(value)}")
+            return keyed if op == "=" else f"({column} IS NOT NULL AND NOT ({keyed}))"
         else:
             match = f"{column} = {self.bind(value)}"
         return f"({column} IS NOT NULL AND {match if op == '=' else f'NOT ({match})'})"
@@ -450,7 +456,7 @@ class _Compiler:
         if not _TRACE_ID.fullmatch(value):
             raise QueryError("trace: takes a trace id of 32 hex digits", term.pos, term.token)
         # The indexed summary column `journal.search` fills from the `received` event.
-        return f"(trace_id IS NOT NULL AND trace_id = {self.bind(value)})"
+        return search.keyed(f"trace_id = {self.bind(value)}")
 
     def id_prefix(self, value: str) -> str:
         if "*" in value:
@@ -460,7 +466,8 @@ class _Compiler:
         # `IS NOT NULL` keeps the term two-valued, so that `!id:` is its exact negation.
         in_id = f"id >= {self.bind(value)} AND id < {self.bind(value + _ID_END)}"
         low, high = self.bind(value), self.bind(value + _ID_END)
-        return f"(({in_id}) OR (client_id IS NOT NULL AND client_id >= {low} AND client_id < {high}))"
+        in_client_id = search.keyed(f"client_id >= {low} AND client_id < {high}")
+        return f"(({in_id}) OR {in_client_id})"
 
     def number(self, term: _Term, kind: str, column: str, op: str) -> str:
         value = term.value.strip()
@@ -527,3 +534,44 @@ def compile_query(
     compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
     sql = compiler.node(tree)
     return sql, compiler.params
+
+
+def text_only(text: str) -> tuple[str, bool] | None:
+    """A query made only of free text (words and phrases under `!`, `|`, parentheses) as one
+    full-text expression: `(expression, negated)`, the query's matches being the expression's
+    (`negated`: every request but those). None for any other query.
+
+    A count of such a query is a count in the full-text index alone, which holds a row only for
+    requests that have a summary row: the same number the SQL of `compile_query` counts, without
+    looking a single summary row up. Raises `QueryError` for a query that does not parse.
+    """
+    tree = _Parser(text).parse()
+    if tree is None:
+        return None
+    return _fts(tree)
+
+
+def _fts(node: _Node) -> tuple[str, bool] | None:
+    if isinstance(node, _Text):
+        match = search.match_expression(node.text, prefix=not node.quoted) if node.text else None
+        return None if match is None else (match, False)
+    if isinstance(node, _Not):
+        inner = _fts(node.item)
+        return None if inner is None else (inner[0], not inner[1])
+    if isinstance(node, _Group):
+        parts = [_fts(item) for item in node.items]
+        if any(part is None for part in parts):
+            return None
+        positive = [f"({e})" for e, negated in filter(None, parts) if not negated]
+        negative = [f"({e})" for e, negated in filter(None, parts) if negated]
+        if node.op == "OR":
+            if negative:  # `a | !b` is no one expression
+                return None
+            return " OR ".join(positive), False
+        if not positive:  # !a !b: every request but those matching a or b
+            return " OR ".join(negative), True
+        expression = " AND ".join(positive)
+        if negative:
+            expression = f"({expression}) NOT ({' OR '.join(negative)})"
+        return expression, False
+    return None

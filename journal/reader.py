@@ -19,7 +19,7 @@ import orjson
 
 from journal import packed, schema, search
 from journal.events import Event, event_from_dict, event_kinds
-from journal.query import compile_query
+from journal.query import compile_query, text_only
 
 _BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking", *search.FLAGS)
 
@@ -124,6 +124,16 @@ class JournalReader:
 
         Raises `journal.query.QueryError` for a query that does not parse.
         """
+        if self.indexed:
+            text = text_only(query)
+            if text is not None:  # counted in the text index alone (see `journal.query.text_only`)
+                expression, negated = text
+                matches = self._conn.execute(
+                    f"SELECT count(*) FROM {search.TABLE} WHERE {search.TABLE} MATCH ?", (expression,)
+                ).fetchone()[0]
+                if not negated:
+                    return int(matches)
+                return int(self._conn.execute("SELECT count(*) FROM requests").fetchone()[0]) - int(matches)
         where, params = self.compile(query)
         return int(self._conn.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchone()[0])
 
@@ -189,7 +199,7 @@ class JournalReader:
             return None
         if self._has_client_id:
             rows = self._conn.execute(
-                f"{self._select} WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (id_or_prefix,)
+                f"{self._select} WHERE {search.keyed('client_id = ?')} ORDER BY ts, rowid LIMIT 11", (id_or_prefix,)
             ).fetchall()
             if len(rows) > 1:
                 raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows], client_id=True)
@@ -216,7 +226,8 @@ class JournalReader:
         ids = [
             r[0]
             for r in self._conn.execute(
-                "SELECT id FROM requests WHERE client_id = ? ORDER BY ts, rowid LIMIT 11", (request_id,)
+                f"SELECT id FROM requests WHERE {search.keyed('client_id = ?')} ORDER BY ts, rowid LIMIT 11",
+                (request_id,),
             )
         ]
         if len(ids) > 1:

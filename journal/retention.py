@@ -1,14 +1,18 @@
 """Retention: deleting the oldest requests of a journal by age and/or size.
 
-`prune` deletes whole requests, oldest first (by arrival time): a request's events and its
-summary row go in one transaction, never part of one. Deletion runs in small transactions so
+`prune` deletes whole requests, oldest first (by arrival time): a request's events, its text
+row and its summary row go in one transaction, never part of one. Deletion runs in short
+transactions (each sized to take about `TRANSACTION_S`, from the time the ones before took) so
 that a gateway writing the same file waits at most one of them. A request that has not
 completed and arrived less than `INFLIGHT_GRACE_S` ago is never deleted: it may still be in
 flight, and deleting it would leave the rest of its events without their start.
 
 Size is the space the data occupies, `(page_count - freelist_count) * page_size`: pages freed
-by a deletion are reused by later writes, and on journals created by this version (incremental
-auto-vacuum) `prune` also gives them back to the OS, so the file shrinks to about that size.
+by a deletion stay in the file and are reused by later writes (a gateway pruning as it writes
+keeps its file at about the size it allows). With `shrink`, on journals created by this version
+(incremental auto-vacuum), `prune` also gives them back to the OS, so the file shrinks to about
+the data's size: SQLite moves each page from the end of the file into a freed one, in steps,
+which costs about as much again as the deletion.
 
 Used by `smg journal prune` and, periodically, by the gateway's journal writer
 (`--journal-retention`).
@@ -20,12 +24,21 @@ import os
 import re
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import orjson
 
 from journal import packed, schema, search
 
 INFLIGHT_GRACE_S = 3600.0
-_CHUNK = 500  # requests per delete transaction
+TRANSACTION_S = 0.25
+"""What one delete transaction aims to take: the longest a gateway writing the file waits for it."""
+PAUSE_S = 0.05
+"""The pause after each delete transaction, in which a waiting writer takes its turn."""
+_CHUNK, _CHUNK_MIN, _CHUNK_MAX = 500, 50, 20_000  # requests per delete transaction: first, least, most
+_CACHE_KIB = 128 * 1024
+_CHECKPOINT_REQUESTS = 10_000  # deleted requests between checkpoints: ~20 KB of log each at 1M requests
 _VACUUM_PAGES = 1000  # pages given back to the OS per transaction
 _AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _SIZE_UNITS = {
@@ -110,35 +123,89 @@ def used_bytes(conn: sqlite3.Connection) -> int:
     return int((pages - free) * size)
 
 
-def _oldest(conn: sqlite3.Connection, limit: int, before: float | None, protect_after: float) -> list[str]:
-    """Ids of the oldest deletable requests (arrival before `before`, if given)."""
-    sql = "SELECT id FROM requests WHERE (completed = 1 OR ts IS NULL OR ts < ?)"
+def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, protect_after: float) -> tuple[int, int]:
+    """Delete the `limit` oldest deletable requests (arrival before `before`, if given), their
+    events, text rows and summary rows, in one transaction: `(requests, events)` deleted.
+
+    The rows go by integer key (`rk`), in key order, so each table and index is walked in the
+    order it was written; the keys travel as one JSON array (no limit on how many)."""
+    sql = "SELECT rk FROM requests WHERE (completed = 1 OR ts IS NULL OR ts < ?)"
     params: list[object] = [protect_after]
     if before is not None:
         sql += " AND (ts IS NULL OR ts < ?)"
         params.append(before)
-    sql += " ORDER BY ts, rowid LIMIT ?"
+    sql += " ORDER BY ts, rk LIMIT ?"
     params.append(limit)
-    return [row[0] for row in conn.execute(sql, params)]
-
-
-def _delete(conn: sqlite3.Connection, ids: list[str]) -> int:
-    """Delete these requests, events and summary rows, in one transaction; the events count."""
-    marks = ", ".join("?" * len(ids))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        keys = f"SELECT rk FROM requests WHERE id IN ({marks})"
+        keys = sorted(row[0] for row in conn.execute(sql, params))
+        if not keys:
+            conn.execute("COMMIT")
+            return 0, 0
+        doomed = (orjson.dumps(keys).decode(),)
+        chosen = "(SELECT value FROM json_each(?))"
         # A packed row holds several events: count what it holds, not the row.
-        runs = conn.execute(f"SELECT data FROM events WHERE kind = '{packed.RUN_KIND}' AND rk IN ({keys})", ids)
+        runs = conn.execute(f"SELECT data FROM events WHERE rk IN {chosen} AND kind = '{packed.RUN_KIND}'", doomed)
         held = sum(packed.count(data) - 1 for (data,) in runs)
-        events = conn.execute(f"DELETE FROM events WHERE rk IN ({keys})", ids).rowcount + held
-        search.delete_text(conn, ids)
-        conn.execute(f"DELETE FROM requests WHERE id IN ({marks})", ids)
+        events = conn.execute(f"DELETE FROM events WHERE rk IN {chosen}", doomed).rowcount + held
+        if search.has_index(conn):
+            conn.execute(f"DELETE FROM {search.TABLE} WHERE rowid IN {chosen}", doomed)
+        conn.execute(f"DELETE FROM requests WHERE rk IN {chosen}", doomed)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return int(events)
+    return len(keys), int(events)
+
+
+class _Pace:
+    """How many requests the next delete transaction takes: as many as fit in `TRANSACTION_S`,
+    measured on the ones before (the cost per request depends on the file and the machine).
+    Between two transactions it pauses, and now and then checkpoints the write-ahead log."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.size = _CHUNK
+        self.since_checkpoint = 0
+
+    def timed(self, run: Callable[[int], tuple[int, int]], limit: int) -> tuple[int, int]:
+        started = time.monotonic()
+        done = run(min(limit, self.size))
+        elapsed = time.monotonic() - started
+        if done[0] >= self.size:
+            aim = self.size * TRANSACTION_S / max(elapsed, 1e-3)
+            self.size = int(max(self.size / 2, min(aim, self.size * 2, _CHUNK_MAX)))
+            self.size = max(_CHUNK_MIN, self.size)
+        self.since_checkpoint += done[0]
+        if self.since_checkpoint >= _CHECKPOINT_REQUESTS:
+            # Outside any transaction: a checkpoint holds no lock a writer needs.
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.since_checkpoint = 0
+        # A writer waiting for the lock polls it (SQLite's busy handler sleeps 1 to 100 ms between
+        # looks): taking it again at once would starve the gateway, whose look would find it taken
+        # every time.
+        time.sleep(PAUSE_S)
+        return done
+
+
+def _tune(conn: sqlite3.Connection) -> Callable[[], None]:
+    """A page cache that holds the indexes being pruned (each delete transaction then reads
+    them from memory, not from the file), temporary results in memory, and no automatic
+    checkpoints: `_Pace` checkpoints every `_CHECKPOINT_REQUESTS` deleted requests (a page
+    deleted from in many transactions is copied back to the file once per checkpoint instead
+    of once per transaction, and the time is not counted as a transaction's); returns what
+    puts the connection's settings back."""
+    saved = {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("cache_size", "temp_store")}
+    saved["wal_autocheckpoint"] = conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+
+    def restore() -> None:
+        for name, value in saved.items():
+            conn.execute(f"PRAGMA {name} = {int(value)}")
+
+    return restore
 
 
 def prune_connection(
@@ -147,39 +214,50 @@ def prune_connection(
     max_age_s: float | None = None,
     max_bytes: int | None = None,
     now: float | None = None,
+    shrink: bool = False,
 ) -> PruneResult:
     """`prune` on an open connection (autocommit mode, as `schema.connect` opens it)."""
     now = time.time() if now is None else now
     protect_after = now - INFLIGHT_GRACE_S
     before = used_bytes(conn)
     requests = events = 0
-    if max_age_s is not None:
-        cutoff = now - max_age_s
-        while ids := _oldest(conn, _CHUNK, cutoff, protect_after):
-            events += _delete(conn, ids)
-            requests += len(ids)
-    if max_bytes is not None:
-        size = used_bytes(conn)
-        # Counted once: counting every round is a scan of the table per 500 requests deleted.
-        count = conn.execute("SELECT count(*) FROM requests").fetchone()[0] if size > max_bytes else 0
-        while size > max_bytes:
-            if count <= 0:
-                break
-            # Aim from the average request size; the loop re-measures, so a rough aim only
-            # costs another round.
-            share = (size - max_bytes) / size
-            ids = _oldest(conn, max(1, min(_CHUNK, int(count * share * 1.1) + 1)), None, protect_after)
-            if not ids:
-                break
-            events += _delete(conn, ids)
-            requests += len(ids)
-            count -= len(ids)
+    pace = _Pace(conn)
+    restore = _tune(conn)
+    try:
+        if max_age_s is not None:
+            cutoff = now - max_age_s
+            while True:
+                done, held = pace.timed(lambda n: _delete_oldest(conn, n, cutoff, protect_after), _CHUNK_MAX)
+                if not done:
+                    break
+                requests += done
+                events += held
+        if max_bytes is not None:
             size = used_bytes(conn)
-    if requests and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
-        # In steps: one long vacuum transaction would hold up the gateway's writer.
-        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-        for _ in range(free // _VACUUM_PAGES + 1):
-            conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+            # Counted once: counting every round is a scan of the table per transaction.
+            count = conn.execute("SELECT count(*) FROM requests").fetchone()[0] if size > max_bytes else 0
+            while size > max_bytes and count > 0:
+                # Aim from the average request size; the loop re-measures, so a rough aim only
+                # costs another round.
+                share = (size - max_bytes) / size
+                aim = max(1, int(count * share * 1.1) + 1)
+                done, held = pace.timed(lambda n: _delete_oldest(conn, n, None, protect_after), aim)
+                if not done:
+                    break
+                requests += done
+                events += held
+                count -= done
+                size = used_bytes(conn)
+        if shrink and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
+            # In steps: one long vacuum transaction would hold up the gateway's writer.
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            for _ in range(free // _VACUUM_PAGES + 1):
+                conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+                time.sleep(PAUSE_S)  # a waiting writer's turn, as between deletions
+        if requests:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        restore()
     return PruneResult(requests, events, before, used_bytes(conn))
 
 
@@ -189,14 +267,16 @@ def prune(
     max_age_s: float | None = None,
     max_bytes: int | None = None,
     now: float | None = None,
+    shrink: bool = False,
 ) -> PruneResult:
     """Delete whole requests, oldest first, until none is older than `max_age_s` seconds and
-    the data occupies at most `max_bytes` (see the module docstring). Raises FileNotFoundError
-    when there is no journal at `path` (it never creates one)."""
+    the data occupies at most `max_bytes` (see the module docstring); `shrink`: give the freed
+    pages back to the OS. Raises FileNotFoundError when there is no journal at `path` (it never
+    creates one)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no journal at {os.fspath(path)}")
     conn = schema.connect(path)
     try:
-        return prune_connection(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
+        return prune_connection(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=now, shrink=shrink)
     finally:
         conn.close()

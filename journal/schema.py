@@ -6,8 +6,8 @@ the transaction `migrate` opens, so a migration and its version bump commit toge
 at all. Version 1 creates the tables; version 2 adds the indexes that filtered, time-ordered
 listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); version 3 adds
 `client_id`; version 4 makes the journal compact (below); version 5 adds the search columns
-and the full-text index (`journal.search`). Add a migration by appending a function; never
-edit one that has shipped.
+and the full-text index (`journal.search`); version 6 makes the summary's indexes cheaper to
+keep (below). Add a migration by appending a function; never edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
 every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
@@ -26,6 +26,18 @@ and `events` is keyed by `(rk, seq)` (a unique index): no event row repeats the 
 no index repeats it again. An event row is one event with its JSON payload, or (kind
 `run`, `journal.packed`) the consecutive streaming events of one request from one flush window,
 `seq` and `t` of the first. The migration keeps v3's rows as they were (one JSON row each).
+
+Cheaper indexes (v6): every index on `requests` is paid for by each write of a summary row and
+by each request `prune` deletes, and the ones whose keys are random (a trace id, a duration)
+cost a page of the write-ahead log per deleted request each. v6 drops the indexes on
+`duration_ms` and `ttfe_ms` (a `dur:`/`ttft:` filter reads the time index, and counts scan the
+summary table, both well under a second at a million requests), and makes the indexes of
+columns that are often NULL (an error code, a tenant, the search columns of a request that
+sent no trace, user or session) partial, holding only the rows that have a value: a term on
+such a column always says `column IS NOT NULL`, which lets SQLite use them. The indexes of the
+columns whose values few requests share (trace, session, conversation, client's id) are
+by bucket of arrival first (`journal.search.keyed`), so that deleting the oldest requests
+touches the front of each instead of a page per request all over it.
 """
 
 from __future__ import annotations
@@ -151,9 +163,7 @@ def _v4(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE requests RENAME TO requests_v3")
     conn.execute("ALTER TABLE events RENAME TO events_v3")
     conn.execute(_V4_REQUESTS)
-    conn.execute(
-        f"INSERT INTO requests ({_V3_COLUMNS}) SELECT {_V3_COLUMNS} FROM requests_v3 ORDER BY ts, rowid"
-    )
+    conn.execute(f"INSERT INTO requests ({_V3_COLUMNS}) SELECT {_V3_COLUMNS} FROM requests_v3 ORDER BY ts, rowid")
     # Events whose summary row never made it (they were written in the same transaction, so
     # this is a safety net) get a bare row, so nothing of the old file is lost.
     conn.execute(
@@ -188,8 +198,35 @@ def _v4(conn: sqlite3.Connection) -> None:
         conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
 
 
+PARTIAL_INDEXES: dict[str, str] = {
+    "requests_error_code_ts": "error_code, ts",
+    "requests_tenant_ts": "tenant, ts",
+    "requests_replay_of": "replay_of",
+    "requests_user_id_ts": "user_id, ts",
+    "requests_key_fp_ts": "key_fp, ts",
+}
+"""v6's partial indexes of `requests` and their columns (only the rows whose first column is not NULL)."""
+BUCKETED_INDEXES: dict[str, str] = {f"requests_{column}_bucket": column for column in search.KEYED}
+"""v6's indexes by bucket of arrival, `(rk >> search.BUCKET_BITS, column)`, partial like those above."""
+
+
+def _v6(conn: sqlite3.Connection) -> None:
+    conn.execute("DROP INDEX IF EXISTS requests_duration_ms")
+    conn.execute("DROP INDEX IF EXISTS requests_ttfe_ms")
+    for name, columns in PARTIAL_INDEXES.items():
+        first = columns.split(",")[0]
+        conn.execute(f"DROP INDEX IF EXISTS {name}")
+        conn.execute(f"CREATE INDEX {name} ON requests ({columns}) WHERE {first} IS NOT NULL")
+    for name, column in BUCKETED_INDEXES.items():
+        conn.execute(f"DROP INDEX IF EXISTS requests_{column}_ts")  # v5's
+        conn.execute(f"DROP INDEX IF EXISTS requests_{column}")  # v3's (client_id)
+        conn.execute(
+            f"CREATE INDEX {name} ON requests (rk >> {search.BUCKET_BITS}, {column}) WHERE {column} IS NOT NULL"
+        )
+
+
 # v5: the search columns and the text index (`journal.search.migrate`).
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate]
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 KEYED_VERSION = 4

@@ -11,7 +11,12 @@ Two parts, both kept by the writer in the transaction that writes a request's su
   conversation's start: system prompt and first message, so every turn of one conversation
   shares it), `turns` (messages in the request), `hung_up` (the client went away before the
   end) and `cut_mid_stream` (a stream that had started and did not reach `message_stop`).
-  Each has an index with `ts`, so a filter on it reads its matches in time order.
+  Each is indexed (v6, `journal.schema`): `user_id` and `key_fp` with `ts`, so a filter on
+  one reads its matches in time order and a page stops after its rows; the columns whose
+  values only a few requests share (`KEYED`: a trace, a session, a conversation, the client's
+  request id) by bucket of arrival first, `(rk >> BUCKET_BITS, column)`: `prune` deletes the
+  oldest requests, whose entries then lie together at the front of the index instead of one
+  per page all over it. `keyed` is how a lookup reaches them: one probe per bucket.
 * `request_text`, an FTS5 table (unicode61 tokenizer) whose rowid is the request's rowid in
   `requests`: one row per completed request holding what the request added (the text of its
   last message; the system prompt too on a first turn), the response text (text, thinking and
@@ -54,6 +59,16 @@ FIRST_WINS: tuple[str, ...] = ("trace_id", "user_id", "session_id", "key_fp", "t
 """Of those, the columns set from `received` (the first value written stays)."""
 TABLE = "request_text"
 TEXT_LIMIT = 64 * 1024
+
+KEYED: tuple[str, ...] = ("trace_id", "session_id", "thread_key", "client_id")
+"""The columns indexed by bucket of arrival first (see the module docstring)."""
+BUCKET_BITS = 13
+"""A bucket is 8,192 consecutive integer keys (`rk`): a lookup probes about 120 of them at 1M requests."""
+_BUCKETS = (
+    f"WITH RECURSIVE bucket(b) AS (SELECT (SELECT min(rk) FROM requests) >> {BUCKET_BITS}"
+    f" UNION ALL SELECT b + 1 FROM bucket WHERE b < (SELECT max(rk) FROM requests) >> {BUCKET_BITS})"
+    " SELECT b FROM bucket"
+)
 
 SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")
 _KEY_HEADERS = ("x-api-key", "authorization")
@@ -355,11 +370,14 @@ def write_text(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
         )
 
 
-def delete_text(conn: sqlite3.Connection, ids: list[str]) -> None:
-    """Drop the text rows of these requests (before their summary rows are deleted)."""
-    if ids and has_index(conn):
-        marks = ", ".join("?" * len(ids))
-        conn.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT rowid FROM requests WHERE id IN ({marks}))", ids)
+def keyed(condition: str) -> str:
+    """SQL over `requests`: the rows for which `condition` (over one `KEYED` column, which it
+    must name with `IS NOT NULL` or a comparison) holds, looked up in that column's index one
+    bucket at a time. The buckets are the file's, from its lowest key to its highest, read
+    when the query runs (a query compiled once and run again sees requests added since).
+    Being a set of keys, it is also what a query is driven from: the few matches are fetched
+    and sorted, rather than the time index walked in the hope of meeting them."""
+    return f"rk IN (SELECT rk FROM requests WHERE (rk >> {BUCKET_BITS}) IN ({_BUCKETS}) AND {condition})"
 
 
 def has_index(conn: sqlite3.Connection) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from journal import search
 from journal.events import Received
 from journal.reader import JournalReader
 from journal.search import comparable
@@ -97,7 +98,8 @@ def thread(reader: JournalReader, request_id: str, limit: int = 500) -> list[Tur
     if row is None or not row.get("thread_key"):
         return None
     rows = reader.connection.execute(
-        "SELECT id FROM requests WHERE thread_key = ? ORDER BY ts, rowid LIMIT ?", (row["thread_key"], limit)
+        f"SELECT id FROM requests WHERE {search.keyed('thread_key = ?')} ORDER BY ts, rowid LIMIT ?",
+        (row["thread_key"], limit),
     ).fetchall()
     turns: list[Turn] = []
     earlier: list[list[Any]] = []  # the histories sent so far

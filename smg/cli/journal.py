@@ -407,8 +407,10 @@ def stats(
         with _open(journal) as reader:
             where, params = _compile(query, reader)
             rows = groups.compute(_connection(reader), where, params, by=by, every=width)
-            overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
-            points = groups.series(overall, plot) if plot else []
+            points: list[tuple[Any, float | None]] = []
+            if plot:  # the chart is of every group together: a second pass only for it
+                overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
+                points = groups.series(overall, plot)
         if as_json:
             _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
             return
@@ -529,6 +531,10 @@ def prune(
     max_size: Annotated[
         str | None, typer.Option("--max-size", help="Delete the oldest requests until the data fits (500MB, 2GB).")
     ] = None,
+    shrink: Annotated[
+        bool,
+        typer.Option("--shrink", help="Also give the freed space back to the file system (slower: pages are moved)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete whole requests, oldest first, by age and/or size (the one command that writes).
@@ -548,7 +554,7 @@ def prune(
     except ValueError as exc:
         _fail(str(exc), code=2)
     try:
-        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes)
+        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
     except FileNotFoundError as exc:
         _fail(str(exc))
     except (sqlite3.DatabaseError, SchemaTooNew) as exc:

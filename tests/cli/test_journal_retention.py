@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,21 @@ def test_prune_by_size_as_json(tmp_path: Path) -> None:
     out = json.loads(result.output)
     assert set(out) == {"requests_deleted", "events_deleted", "bytes_before", "bytes_after"}
     assert out["requests_deleted"] > 0 and out["bytes_after"] <= 200_000 < out["bytes_before"]
+
+
+def test_prune_shrinks_the_file_only_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    write(path, [float(1000 - i) for i in range(1000)])
+    checkpointed = sqlite3.connect(path)
+    checkpointed.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    checkpointed.close()
+    full = os.path.getsize(path)
+    result = runner.invoke(app, ["journal", "prune", "-j", str(path), "--max-size", "300KB"])
+    assert result.exit_code == 0, result.output
+    assert os.path.getsize(path) == full  # the freed pages stay, for the next writes
+    result = runner.invoke(app, ["journal", "prune", "-j", str(path), "--max-size", "200KB", "--shrink"])
+    assert result.exit_code == 0, result.output
+    assert os.path.getsize(path) < full * 0.8
 
 
 @pytest.mark.parametrize(

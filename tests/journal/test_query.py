@@ -488,6 +488,31 @@ def test_indexed_queries_select_what_the_python_filter_selects(table: list[Row],
             assert select_ids(path, text, indexed=True) == expected, text
 
 
+text_leaves = st.builds(Text, st.sampled_from([w for w in WORDS if w] + ["laude", "LAUDE"]))
+text_trees = st.recursive(
+    text_leaves,
+    lambda children: st.one_of(
+        st.builds(Not, children),
+        st.builds(Paren, children),
+        st.builds(Group, st.sampled_from(["and", "or"]), st.lists(children, min_size=2, max_size=4).map(tuple)),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows(), st.lists(text_trees, min_size=1, max_size=8))
+def test_free_text_counts_from_the_text_index_alone_are_exact(table: list[Row], queries: list[Any]) -> None:
+    # A query of free text only is counted in the full-text index (one expression, or the
+    # total less its matches); whatever the shape, the count is the selection's size.
+    with journal_of(table) as path, JournalReader(path) as reader:
+        for tree in queries:
+            text = render(tree)
+            expected = {row.values["id"] for row in table if evaluate(tree, row, indexed=True)}
+            assert reader.count(text) == len(expected), text
+            assert {r["id"] for r in reader.list_requests(len(table) + 1, query=text)} == expected, text
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.sampled_from([*'ab:"()|!*%_\\ <>=-', "model:", "status:", "has:", "4xx", "1s"]), max_size=20).map(

@@ -92,7 +92,7 @@ async def test_prune_by_size_deletes_oldest_first_until_it_fits(tmp_path: Path) 
     assert full.requests_deleted == 0 and full.bytes_before == full.bytes_after > 3_000_000
     size_before = os.path.getsize(path)
 
-    result = prune(path, max_bytes=full.bytes_before // 2, now=NOW)
+    result = prune(path, max_bytes=full.bytes_before // 2, now=NOW, shrink=True)
     assert result.bytes_after <= full.bytes_before // 2 < result.bytes_before
     assert 800 <= result.requests_deleted <= 1300
     assert result.events_deleted == 5 * result.requests_deleted

@@ -15,7 +15,7 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 5
+        assert schema.SCHEMA_VERSION == 6
         assert schema.schema_version(conn) == len(schema.MIGRATIONS)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
@@ -31,18 +31,17 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_tenant_ts",
             "requests_stop_reason_ts",
             "requests_replay_of",
-            "requests_duration_ms",
-            "requests_ttfe_ms",
-            "requests_client_id",
-            "requests_trace_id_ts",
+            "requests_client_id_bucket",
+            "requests_trace_id_bucket",
             "requests_user_id_ts",
-            "requests_session_id_ts",
+            "requests_session_id_bucket",
             "requests_key_fp_ts",
-            "requests_thread_key_ts",
+            "requests_thread_key_bucket",
             "requests_hung_up_ts",
             "requests_cut_mid_stream_ts",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
+        assert not {"requests_duration_ms", "requests_ttfe_ms", "requests_trace_id_ts"} & indexes  # gone in v6
         columns = tuple(r[1] for r in conn.execute("PRAGMA table_info(requests)"))
         assert columns == ("rk", *schema.REQUEST_COLUMNS)
         event_columns = [r[1] for r in conn.execute("PRAGMA table_info(events)")]
@@ -274,3 +273,46 @@ async def test_a_version_three_journal_reads_migrates_and_rebuilds_the_same_byte
         rebuilt_new = reconstruct(e for _, e in reader.events("msg_new"))
         assert [e.to_dict() for _, e in reader.events("msg_new")] == [e.to_dict() for e in new_events]
     assert rebuilt_new.body == reconstruct(new_events).body
+
+
+def test_a_version_five_journal_keeps_its_rows_and_gets_partial_indexes(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.apply_pragmas(conn)
+    schema.migrate(conn, schema.MIGRATIONS[:5])
+    conn.executemany(
+        "INSERT INTO requests (id, ts, session_id, duration_ms, completed) VALUES (?, ?, ?, ?, 1)",
+        [("req_0", 100.0, "s-1", 10.0), ("req_1", 101.0, None, 2500.0), ("req_2", 102.0, "s-1", 40.0)],
+    )
+    conn.executemany("INSERT INTO events VALUES (?, 1, 'completed', 0.0, '{}')", [(1,), (2,), (3,)])
+    assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} >= {"requests_duration_ms"}
+    conn.close()
+    schema.connect(path).close()
+    conn = sqlite3.connect(path)
+    try:
+        assert schema.schema_version(conn) == 6
+        sql = {r[0]: r[1] for r in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")}
+        assert "requests_duration_ms" not in sql and "requests_ttfe_ms" not in sql
+        for name, columns in schema.PARTIAL_INDEXES.items():
+            assert f"WHERE {columns.split(',')[0]} IS NOT NULL" in sql[name]
+        for name, column in schema.BUCKETED_INDEXES.items():
+            assert f"(rk >> 13, {column}) WHERE {column} IS NOT NULL" in sql[name]
+        assert "requests_session_id_ts" not in sql and "requests_client_id" not in sql
+        # Only the rows with a session are in its index, and the query reaches them through it.
+        held = conn.execute(
+            "SELECT count(*) FROM requests INDEXED BY requests_session_id_bucket WHERE session_id IS NOT NULL"
+        )
+        assert held.fetchone()[0] == 2
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+    with JournalReader(path) as reader:
+        assert reader.count() == 3
+        assert [r["id"] for r in reader.list_requests(query="session:s-1")] == ["req_2", "req_0"]
+        assert [r["id"] for r in reader.list_requests(query="dur:>1s")] == ["req_1"]
+        where, params = reader.compile("session:s-1")
+        plan = " ".join(
+            str(r[3])
+            for r in reader.connection.execute(f"EXPLAIN QUERY PLAN SELECT id FROM requests WHERE {where}", params)
+        )
+        assert "requests_session_id_bucket" in plan
