@@ -11,17 +11,14 @@ as received (escaped) among the request's headers.
 
 from __future__ import annotations
 
-import secrets
-import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-_ALPHABET = string.ascii_letters + string.digits
+from smg.protocol.ids import random_id
 
 
 def new_id(prefix: str) -> str:
-    # One urandom call per id (not one per character); the modulo bias is irrelevant for ids.
-    return prefix + "".join(_ALPHABET[b % 62] for b in secrets.token_bytes(24))
+    return random_id(prefix)
 
 
 @dataclass(frozen=True, slots=True)

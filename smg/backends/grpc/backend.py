@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-import string
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -51,16 +49,16 @@ from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
 from smg.protocol.errors import ApiError
+from smg.protocol.ids import random_id
 
 log = logging.getLogger("smg.grpc")
 
-_ALPHANUMERIC = string.ascii_letters + string.digits
 # Bodies up to this size render inline; the thread hop costs more than rendering them.
 _RENDER_INLINE_BYTES = 16_384
 
 
 def new_message_id() -> str:
-    return "msg_" + "".join(_ALPHANUMERIC[b % 62] for b in secrets.token_bytes(24))
+    return random_id("msg_")
 
 
 def context_exceeded(limit: int, tokens: int, *, at_least: bool = False) -> ApiError:
