@@ -4,6 +4,7 @@ lifecycle of the router, the journal writer, the metrics listener and the trace 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import time
@@ -148,6 +149,10 @@ def build_app(
             await server.start()
         await journal.start()
         await router.start(static)
+        # What start-up built (modules, the app, routes, schemas, templates) lives as long as the
+        # process: out of the collector's sight, a full collection walks only what requests
+        # allocate, instead of pausing every request in flight for tens of milliseconds.
+        gc.freeze()
 
     @app.after_server_stop
     async def _stop(app: Sanic[Any, Any]) -> None:
