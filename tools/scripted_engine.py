@@ -1073,7 +1073,8 @@ class Engine:
                 if handoff is not None and response.WhichOneof("response") == "complete":
                     response.complete.kv_transfer_params_json = handoff
                 yield response
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # GeneratorExit: grpcio closed the handler, the client gone mid-send.
             if rid not in self.cancelled:
                 self.cancelled.append(rid)
             raise
@@ -1171,11 +1172,11 @@ class Engine:
         for index, group in enumerate(groups):
             if script.hold_after is not None and not held and sent >= script.hold_after:
                 held = True
-                await self._pause(stream, self.released, None)
+                await self._pause(stream, self.released, None, context)
             if script.error is not None and sent >= script.error.after_tokens:
                 await context.abort(script.error.code, script.error.message)
             if index and script.delay:
-                await self._pause(stream, None, script.delay)
+                await self._pause(stream, None, script.delay, context)
             if stream.aborted.is_set():
                 async for response in self._aborted(asked, plan, sent, visible_sent, chunks_sent):
                     yield response
@@ -1197,7 +1198,7 @@ class Engine:
             chunks_sent += 1
             yield wire.chunk(rid, visible, plan.prompt_tokens, count, plan.cached_tokens)
         if script.hold_after is not None and not held and sent >= script.hold_after:
-            await self._pause(stream, self.released, None)
+            await self._pause(stream, self.released, None, context)
         if script.error is not None:
             await context.abort(script.error.code, script.error.message)
         if stream.aborted.is_set():
@@ -1250,16 +1251,31 @@ class Engine:
         )
 
     @staticmethod
-    async def _pause(stream: _Stream, until: asyncio.Event | None, seconds: float | None) -> None:
-        """Wait for `until` (or `seconds`), cut short by an abort of the stream."""
+    async def _pause(
+        stream: _Stream, until: asyncio.Event | None, seconds: float | None, context: Any = None
+    ) -> None:
+        """Wait for `until` (or `seconds`), cut short by an abort of the stream; a client's
+        cancel ends it with CancelledError (grpcio does not always interrupt a handler that
+        waits on something of its own)."""
         waiters = [asyncio.ensure_future(stream.aborted.wait())]
         if until is not None:
             waiters.append(asyncio.ensure_future(until.wait()))
+        cancelled = None
+        if context is not None:
+
+            async def watch() -> None:
+                while not context.cancelled():
+                    await asyncio.sleep(0.02)
+
+            cancelled = asyncio.ensure_future(watch())
+            waiters.append(cancelled)
         try:
             await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
+        if cancelled is not None and cancelled.done() and not cancelled.cancelled():
+            raise asyncio.CancelledError
 
     async def health(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return self.wire.health(self.healthy)

@@ -312,37 +312,6 @@ async def test_abort_ends_the_stream(engine: EngineUnderTest, engine_client: Eng
     assert engine.control.aborts() == ["to-abort"]
 
 
-async def test_chunks_already_waiting_are_handed_on_as_one(engine: EngineUnderTest) -> None:
-    # A reader that falls behind the engine gets what waited as one chunk: the same ids in
-    # order, the same final counts as chunk by chunk, whatever the protocol counts per chunk.
-    engine.control.script({"token_ids": TOKENS, "chunk_size": 1})
-    separate, merged_client = (
-        connect(engine.runtime, engine.url, merge_waiting=False),
-        connect(engine.runtime, engine.url),
-    )
-    try:
-        expected = await run(separate, call("one-by-one", max_tokens=100))
-        engine.control.script({"token_ids": TOKENS, "chunk_size": 1, "hold_after": 1})
-        stream = merged_client.generate(call("merged", max_tokens=100))
-        first = await anext(stream)
-        assert isinstance(first, EngineChunk) and first.token_ids == [10]
-        engine.control.release()
-        await asyncio.sleep(0.5)  # the rest arrives while nobody reads
-        rest = [event async for event in stream]
-    finally:
-        await separate.close()
-        await merged_client.close()
-    chunks, done = [first, *(e for e in rest if isinstance(e, EngineChunk))], rest[-1]
-    assert len(chunks) == 2 and isinstance(done, EngineDone)
-    assert [t for c in chunks for t in c.token_ids] == [t for c in expected[0] for t in c.token_ids]
-    assert chunks[-1].completion_tokens == expected[0][-1].completion_tokens
-    assert (done.completion_tokens, done.finish_reason, done.token_ids) == (
-        expected[1].completion_tokens,
-        expected[1].finish_reason,
-        expected[1].token_ids,
-    )
-
-
 async def test_closing_the_stream_early_cancels_the_rpc(engine: EngineUnderTest, engine_client: EngineClient) -> None:
     engine.control.script({"token_ids": TOKENS, "hold_after": 1})
     stream = engine_client.generate(call("to-drop", max_tokens=100))
@@ -504,3 +473,34 @@ async def test_control_refuses_a_bad_script(engine: EngineUnderTest) -> None:
         engine.control.script({"token_ids": [1], "chunk_size": 0})
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "chunk_size" in str(caught.value.details())
+
+
+async def test_chunks_already_waiting_are_handed_on_as_one(engine: EngineUnderTest) -> None:
+    # A reader that falls behind the engine gets what waited as one chunk: the same ids in
+    # order, the same final counts as chunk by chunk, whatever the protocol counts per chunk.
+    engine.control.script({"token_ids": TOKENS, "chunk_size": 1})
+    separate, merged_client = (
+        connect(engine.runtime, engine.url, merge_waiting=False),
+        connect(engine.runtime, engine.url),
+    )
+    try:
+        expected = await run(separate, call("one-by-one", max_tokens=100))
+        engine.control.script({"token_ids": TOKENS, "chunk_size": 1, "hold_after": 1})
+        stream = merged_client.generate(call("merged", max_tokens=100))
+        first = await anext(stream)
+        assert isinstance(first, EngineChunk) and first.token_ids == [10]
+        engine.control.release()
+        await asyncio.sleep(0.5)  # the rest arrives while nobody reads
+        rest = [event async for event in stream]
+    finally:
+        await separate.close()
+        await merged_client.close()
+    chunks, done = [first, *(e for e in rest if isinstance(e, EngineChunk))], rest[-1]
+    assert len(chunks) == 2 and isinstance(done, EngineDone)
+    assert [t for c in chunks for t in c.token_ids] == [t for c in expected[0] for t in c.token_ids]
+    assert chunks[-1].completion_tokens == expected[0][-1].completion_tokens
+    assert (done.completion_tokens, done.finish_reason, done.token_ids) == (
+        expected[1].completion_tokens,
+        expected[1].finish_reason,
+        expected[1].token_ids,
+    )

@@ -382,6 +382,7 @@ class EngineConnector:
             constraint=plan.constraint,
         )
         engine_call.images = list(prepared.images)
+        engine_call.merge_chunks = not prepared.settings.stop_sequences
         # An engine without a tokenizer (ZMQ) is told where to stop.
         engine_call.eos_token_ids = list(prepared.tokenizer.eos_token_ids)
         return engine_call

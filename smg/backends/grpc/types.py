@@ -56,6 +56,10 @@ class GenerateCall:
     constraint: tuple[ConstraintKind, str] | None = None
     stream: bool = True
     require_reasoning: bool = False
+    # Chunks waiting for the reader may go on as one. Not when the gateway matches stop strings:
+    # the usage it reports is the engine's count at the chunk that matched, which a merge would
+    # move past the stop.
+    merge_chunks: bool = True
     # Disaggregated serving: SGLang's `disaggregated_params`, TokenSpeed's `kv_bootstrap_info`.
     bootstrap: Bootstrap | None = None
     # vLLM's `kv_transfer_params_json`: a JSON object handed to the engine's KV connector verbatim.

@@ -363,7 +363,7 @@ class GrpcEngineClient(ABC):
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
         read, waiting = stream.read, stream.read_nowait
-        most = MAX_MERGED if self.merge_waiting else 1
+        most = MAX_MERGED if self.merge_waiting and call.merge_chunks else 1
         try:
             while (message := await read()) is not None:
                 raw = self._read(parse(message))
