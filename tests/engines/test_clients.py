@@ -504,3 +504,19 @@ async def test_chunks_already_waiting_are_handed_on_as_one(engine: EngineUnderTe
         expected[1].finish_reason,
         expected[1].token_ids,
     )
+
+
+async def test_a_call_that_must_not_be_merged_keeps_every_chunk(engine: EngineUnderTest) -> None:
+    # A request with stop sequences: the usage is the engine's count at the matching chunk.
+    engine.control.script({"token_ids": TOKENS, "chunk_size": 1, "hold_after": 1})
+    client = connect(engine.runtime, engine.url)
+    try:
+        stream = client.generate(call("kept", max_tokens=100, merge_chunks=False))
+        first = await anext(stream)
+        engine.control.release()
+        await asyncio.sleep(0.5)  # the rest waits unread
+        rest = [event async for event in stream]
+    finally:
+        await client.close()
+    chunks = [first, *(e for e in rest if isinstance(e, EngineChunk))]
+    assert [c.token_ids for c in chunks][:4] == [[10], [11], [12], [13]]
