@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import zipfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -489,9 +489,10 @@ async def test_chunks_already_waiting_are_handed_on_as_one(engine: EngineUnderTe
         stream = merged_client.generate(call("merged", max_tokens=100))
         first = await anext(stream)
         assert isinstance(first, EngineChunk) and first.token_ids == [10]
+        await asyncio.sleep(0.2)  # the engine is at its hold (a release before it would be missed)
         engine.control.release()
         await asyncio.sleep(0.5)  # the rest arrives while nobody reads
-        rest = [event async for event in stream]
+        rest = await asyncio.wait_for(_rest(stream), 20)
     finally:
         await separate.close()
         await merged_client.close()
@@ -513,10 +514,15 @@ async def test_a_call_that_must_not_be_merged_keeps_every_chunk(engine: EngineUn
     try:
         stream = client.generate(call("kept", max_tokens=100, merge_chunks=False))
         first = await anext(stream)
+        await asyncio.sleep(0.2)  # the engine is at its hold (a release before it would be missed)
         engine.control.release()
         await asyncio.sleep(0.5)  # the rest waits unread
-        rest = [event async for event in stream]
+        rest = await asyncio.wait_for(_rest(stream), 20)
     finally:
         await client.close()
     chunks = [first, *(e for e in rest if isinstance(e, EngineChunk))]
     assert [c.token_ids for c in chunks][:4] == [[10], [11], [12], [13]]
+
+
+async def _rest(stream: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
+    return [event async for event in stream]
