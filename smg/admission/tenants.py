@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from smg.flags import option
 from smg.protocol.errors import ApiError
+from smg.protocol.headers import bearer_token
 
 _CHALLENGE = 'Bearer realm="data-plane"'
 DEFAULT_TENANT_HEADER = "x-smg-tenant-id"
@@ -73,16 +74,6 @@ def parse_tenant_keys(entries: tuple[str, ...], api_key: str | None) -> dict[str
     return out
 
 
-def bearer(value: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` value (scheme in any case)."""
-    if not value:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
-
-
 @dataclass(frozen=True)
 class Caller:
     """An authenticated (or, without keys, an identified) caller."""
@@ -111,7 +102,7 @@ class Keys:
         """The caller of a serving route (Messages, models). Raises the 401."""
         if not self._table:
             return Caller(self._anonymous(headers, client_ip), shared=True)
-        token = bearer(headers.get("authorization"))
+        token = bearer_token(headers.get("authorization"))
         if token is None:
             hint = (
                 " This request carried only `x-api-key`, which the gateway does not read; "
