@@ -11,7 +11,7 @@ VLLM_STAMP  := $(VLLM_VENV)/.installed
 TINY_MODEL  := .cache/tiny-qwen3
 REAL_HF_MODEL := .cache/smollm2-hf
 
-.PHONY: demo demo-scripted model test bench bench-grpc test-vllm clean
+.PHONY: demo demo-scripted model servers test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,13 @@ demo: $(STAMP)
 demo-scripted: $(STAMP)
 	$(BIN)/python -m tools.demo --scripted
 
+# The real PostgreSQL and Redis servers the fleet tests start in temporary directories (Debian's
+# packages, installed only when missing; nothing is started here).
+servers:
+	bash tools/install_servers.sh
+
 # Lint and types first (seconds), then the suite.
-test: $(STAMP)
+test: $(STAMP) servers
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict smg replay journal
 	$(BIN)/python -m pytest -q
