@@ -113,7 +113,9 @@ def build_app(
     # Sanic's own request timeout restarts on every byte; the total deadline is the protocol's
     # (smg.server.connections). This one only sets how often the timeouts are checked.
     app.config.REQUEST_TIMEOUT = min(60.0, config.header_read_timeout_secs)
-    app.config.KEEP_ALIVE_TIMEOUT = 75
+    # A kept-alive connection waits for its next request no longer than a request may take to
+    # arrive: idle connections must not hold the connection cap (smg.server.connections).
+    app.config.KEEP_ALIVE_TIMEOUT = min(75.0, config.header_read_timeout_secs)
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
     admission = admission or build_admission(config.api_key)

@@ -3,8 +3,12 @@ on open connections.
 
 Sanic's own request timeout restarts on every byte, so a client that trickles a header (or a
 body) a byte at a time holds its connection, and its file descriptor, for ever. Here a request
-must be read whole, head and body, within `header_read_timeout` seconds of its first byte,
-however the bytes are spaced; past it the client gets Sanic's 408 and the connection closes.
+must be read whole, head and body, within `header_read_timeout` seconds, however the bytes are
+spaced; past it the client gets Sanic's 408 and the connection closes. The first request's
+deadline starts at accept: a connection that sends nothing is closed at the deadline, not held
+for Sanic's keep-alive timeout (a socket that never speaks would otherwise keep a slot of the
+cap for 75 s). A kept-alive connection waits for its next request no longer than the deadline
+either (the app's keep-alive timeout), and that request's deadline starts at its first byte.
 Connections beyond `max_connections` are answered 503 and closed at once, before any request
 is read; one log line says when the cap is first hit and one when connections are accepted again.
 """
@@ -71,6 +75,7 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
                 log.warning("accepting connections again (%d refused while at the cap)", cap.refused)
                 cap.refused = 0
             super().connection_made(transport)  # type: ignore[no-untyped-call]
+            self._reading_since = monotonic()  # the first request's deadline runs from accept
 
         def connection_lost(self, exc: BaseException | None) -> None:
             if not self._refused:
@@ -79,8 +84,8 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
         def data_received(self, data: bytes) -> None:
             if self._refused or self._expired:
                 return
-            if self._reading_since is None or not self._reading():
-                self._reading_since = monotonic()  # the first bytes of a request
+            if self._reading_since is None or (self._served() and not self._reading()):
+                self._reading_since = monotonic()  # the first bytes of a kept-alive connection's next request
             super().data_received(data)
 
         def _reading(self) -> bool:
@@ -90,8 +95,28 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
             stage = http.stage.name
             return stage == "REQUEST" or (stage == "HANDLER" and bool(http.request_body))
 
+        def _served(self) -> bool:
+            """Whether a request has been read on this connection (its head at least)."""
+            return bool(self.state and self.state.get("requests_count"))
+
         def check_timeouts(self) -> None:
             since = self._reading_since
+            if (
+                self._task
+                and since is not None
+                and not self._served()
+                and self._http is not None
+                and self._http.stage.name == "IDLE"
+                and monotonic() - since > header_read_timeout
+            ):
+                # Not one byte since accept: nothing to answer, the connection is just closed.
+                log.debug("no request within %.0f s of accept: connection closed", header_read_timeout)
+                self._expired = True
+                if sys.version_info < (3, 14):
+                    self._task.cancel("request read deadline")
+                else:
+                    self._task.cancel()
+                return
             if (
                 self._task
                 and since is not None
