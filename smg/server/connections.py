@@ -9,8 +9,11 @@ deadline starts at accept: a connection that sends nothing is closed at the dead
 for Sanic's keep-alive timeout (a socket that never speaks would otherwise keep a slot of the
 cap for 75 s). A kept-alive connection waits for its next request no longer than the deadline
 either (the app's keep-alive timeout), and that request's deadline starts at its first byte.
-Connections beyond `max_connections` are answered 503 and closed at once, before any request
-is read; one log line says when the cap is first hit and one when connections are accepted again.
+At `max_connections` open connections, a new one takes the place of the oldest connection that
+has not sent a byte yet (closed, nothing written: it has no request to answer), so sockets
+that never speak cannot keep real clients out, however fast they reconnect; when every open
+connection has spoken, the new one is answered 503 and closed at once, before any request is
+read. One log line says when the cap is first hit and one when connections are accepted again.
 """
 
 from __future__ import annotations
@@ -40,11 +43,14 @@ def default_max_connections() -> int:
 
 
 class _Cap:
-    """The shared state of the cap: whether connections are being refused, and how many."""
+    """The shared state of the cap: whether it has been hit, the connections refused and closed
+    since, and the open connections that have not sent a byte, oldest first."""
 
     def __init__(self) -> None:
         self.refusing = False
         self.refused = 0
+        self.evicted = 0
+        self.silent: dict[Any, None] = {}  # an insertion-ordered set
 
 
 def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[HttpProtocol]:
@@ -52,36 +58,63 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
     cap = _Cap()
 
     class GuardedHttpProtocol(HttpProtocol):
-        __slots__ = ("_reading_since", "_refused", "_expired")
+        __slots__ = ("_reading_since", "_refused", "_expired", "_spoke")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._reading_since: float | None = None
             self._refused = False
             self._expired = False  # past its deadline: whatever else the client sends is dropped
+            self._spoke = False  # has sent a byte
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
-                self._refused = True
-                cap.refused += 1
                 if not cap.refusing:
                     cap.refusing = True
-                    log.warning("connection cap reached (%d open): refusing new connections", max_connections)
-                transport.write(_FULL)
-                transport.close()
-                return
-            if cap.refusing:
+                    log.warning(
+                        "connection cap reached (%d open): closing connections that sent nothing, refusing new "
+                        "connections when every open one has spoken",
+                        max_connections,
+                    )
+                if cap.silent:
+                    next(iter(cap.silent))._evict()
+                    cap.evicted += 1
+                else:
+                    self._refused = True
+                    cap.refused += 1
+                    transport.write(_FULL)
+                    transport.close()
+                    return
+            elif cap.refusing:
                 cap.refusing = False
-                log.warning("accepting connections again (%d refused while at the cap)", cap.refused)
-                cap.refused = 0
+                log.warning(
+                    "accepting connections again (%d refused, %d silent ones closed while at the cap)",
+                    cap.refused,
+                    cap.evicted,
+                )
+                cap.refused = cap.evicted = 0
             super().connection_made(transport)  # type: ignore[no-untyped-call]
             self._reading_since = monotonic()  # the first request's deadline runs from accept
+            cap.silent[self] = None
+
+        def _evict(self) -> None:
+            """Close a connection that has sent nothing, to make room at the cap."""
+            cap.silent.pop(self, None)
+            self._expired = True
+            if self._task:
+                self._task.cancel()
+            elif self.transport is not None:
+                self.transport.close()
 
         def connection_lost(self, exc: BaseException | None) -> None:
+            cap.silent.pop(self, None)
             if not self._refused:
                 super().connection_lost(exc)  # type: ignore[no-untyped-call]
 
         def data_received(self, data: bytes) -> None:
+            if not self._spoke:
+                self._spoke = True
+                cap.silent.pop(self, None)
             if self._refused or self._expired:
                 return
             if self._reading_since is None or (self._served() and not self._reading()):
