@@ -44,6 +44,8 @@ from smg.routing.workers import Connection, Role, Worker, worker_kind
 
 log = logging.getLogger("smg.router")
 
+__all__ = ["PROVIDER_MODEL_PREFIXES", "Router", "WorkerRefused", "WorkerSpec"]  # WorkerRefused: worker_urls'
+
 # Models an external provider serves when its own model list is not known (by name, as the
 # reference detects providers).
 PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
@@ -117,9 +119,6 @@ def no_decode_servers() -> ApiError:
 
 def no_encode_servers() -> ApiError:
     return ApiError(503, "No encode servers available", code="no_encode_servers")
-
-
-__all__ = ["PROVIDER_MODEL_PREFIXES", "Router", "WorkerRefused", "WorkerSpec"]
 
 
 class Router:
