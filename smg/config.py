@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smg.observability.config import ObservabilityConfig
+from smg.protocol.hops import instance_id
 from smg.routing.config import RouterConfig
 
 
@@ -41,6 +42,9 @@ class GatewayConfig:
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
     zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
+    # This gateway's id in the hop header (smg.protocol.hops); one per process group: the
+    # processes of `--workers N` share it, since the settings are built before they fork.
+    instance_id: str = field(default_factory=instance_id)
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

@@ -18,7 +18,9 @@ from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
-from smg.routing.router import Router, WorkerSpec
+from smg.routing.router import Router, WorkerRefused, WorkerSpec, gateway_itself
+from smg.routing.self_address import ListeningAddress
+from smg.routing.worker_urls import check_worker_url
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
 
 log = logging.getLogger("smg.launch")
@@ -137,6 +139,7 @@ def build_config(
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
+    _check_worker_urls(host, port, worker_urls, leg_urls, backend, router)
     if "zmq" in kinds:
         _check_zmq(backend, model_path, zmq_engine_count)
     leg_kinds = {worker_kind(u) for u in leg_urls}
@@ -236,6 +239,22 @@ def build_config(
     )
 
 
+def _check_worker_urls(
+    host: str, port: int, worker_urls: list[str], leg_urls: list[str], backend: str | None, router: RouterConfig
+) -> None:
+    """What the worker API refuses, refused at start too: a URL its kind does not take, and the
+    gateway's own address."""
+    listening = ListeningAddress(host, port)
+    provider = "anthropic" if backend == "anthropic" else None
+    for url, url_provider in [*((u, provider) for u in worker_urls), *((u, None) for u in leg_urls)]:
+        try:
+            check_worker_url(url.rstrip("/"), provider=url_provider, config=router.urls)
+            if listening.leads_here(url):
+                raise gateway_itself(url)
+        except WorkerRefused as exc:
+            raise LaunchError(str(exc)) from None
+
+
 def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -> None:
     """ipc:// workers: the wire cannot be detected, and EngineCore reports no model id."""
     from smg.backends.zmq import ZMQ_RUNTIMES
@@ -297,7 +316,31 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
     specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
     specs += [WorkerSpec(url=url, role="encode", bootstrap_port=port) for url, port in config.encode_urls]
-    return Router(config.router, connectors), specs
+    return Router(config.router, connectors, listening=ListeningAddress(config.host, config.port)), specs
+
+
+def warn_if_admin_is_open(config: GatewayConfig, admission: Gates | None) -> bool:
+    """One warning when the admin routes (the worker and tokenizer APIs) take requests from the
+    network without a key: anyone who can connect can then add a worker, and so read every
+    request sent to it. True when it warned."""
+    from smg.protocol.errors import ApiError
+
+    try:
+        if admission is not None:
+            admission.keys.admin({})
+        elif config.api_key:
+            return False
+    except ApiError:
+        return False  # a key is needed
+    if ListeningAddress(config.host, config.port).loopback_only:
+        return False
+    log.warning(
+        "the admin routes (/workers, /v1/tokenizers) are open to the network without a key: anyone who can reach "
+        "%s:%d can add workers and so receive requests and credentials; set --api-key, or --host 127.0.0.1",
+        config.host,
+        config.port,
+    )
+    return True
 
 
 def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
@@ -305,6 +348,7 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
     `workers` > 1 in that many processes sharing one listening socket (see `_serve_forked`)."""
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
+    warn_if_admin_is_open(config, admission)
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:

@@ -22,6 +22,7 @@ from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
 from smg.routing.policies import PolicyConfig
 from smg.routing.retry import RetryConfig
+from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ _MULTI_VALUE = (
     "--model-alias",
     "--routing-key-headers",
     "--prometheus-duration-buckets",
+    "--ipc-dir",
 )
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
@@ -47,6 +49,7 @@ _COMPONENTS = (
     RetryConfig,
     BreakerConfig,
     HealthConfig,
+    WorkerUrlConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
 )
@@ -61,6 +64,7 @@ def router_config(params: dict[str, Any]) -> RouterConfig:
         retry=build_component(RetryConfig, params),
         breaker=build_component(BreakerConfig, params),
         health=build_component(HealthConfig, params),
+        urls=build_component(WorkerUrlConfig, params),
     )
 
 # Flags of the reference gateway this build knows of but does not serve yet: refused by name,
@@ -148,7 +152,11 @@ def launch(
         float, typer.Option(help="Each request's deadline, every attempt included (504 timeout_error past it).")
     ] = 1800.0,
     header_read_timeout_secs: Annotated[
-        float, typer.Option(help="A request's head and body must arrive whole within this, from the first byte.")
+        float,
+        typer.Option(
+            help="A request's head and body must arrive whole within this, from accept (a kept-alive "
+            "connection's next request: from its first byte; it waits no longer than this for it)."
+        ),
     ] = 30.0,
     max_connections: Annotated[
         int | None,

@@ -10,6 +10,7 @@ from smg.routing.breaker import BreakerConfig
 from smg.routing.policies import POLICY_NAMES
 from smg.routing.policies.base import PolicyConfig
 from smg.routing.retry import RetryConfig
+from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 
 
@@ -43,6 +44,7 @@ class RouterConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    urls: WorkerUrlConfig = field(default_factory=WorkerUrlConfig)
     igw: bool = field(
         default=False,
         metadata=option("--enable-igw", "Serve several kinds of workers and models at once (gRPC, HTTP, external)."),

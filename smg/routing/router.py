@@ -38,9 +38,13 @@ from smg.routing.policies import (
     routing_text,
 )
 from smg.routing.registry import DuplicateWorker, WorkerRegistry
+from smg.routing.self_address import ListeningAddress
+from smg.routing.worker_urls import WorkerRefused, check_worker_url
 from smg.routing.workers import Connection, Role, Worker, worker_kind
 
 log = logging.getLogger("smg.router")
+
+__all__ = ["PROVIDER_MODEL_PREFIXES", "Router", "WorkerRefused", "WorkerSpec"]  # WorkerRefused: worker_urls'
 
 # Models an external provider serves when its own model list is not known (by name, as the
 # reference detects providers).
@@ -98,6 +102,13 @@ def _available(key: str, workers: list[Worker]) -> int:
     return min(sum(w.available for w in workers if w.role == role) for role in ("prefill", "decode"))
 
 
+def gateway_itself(url: str) -> WorkerRefused:
+    return WorkerRefused(
+        f"Worker URL {url!r} leads to this gateway itself: it would relay every request to itself",
+        "WORKER_IS_GATEWAY",
+    )
+
+
 def no_prefill_servers() -> ApiError:
     return ApiError(503, "No prefill servers available", code="no_prefill_servers")
 
@@ -110,10 +121,6 @@ def no_encode_servers() -> ApiError:
     return ApiError(503, "No encode servers available", code="no_encode_servers")
 
 
-class WorkerRefused(ValueError):
-    """A worker that cannot be registered, said plainly (a 400 on the worker API)."""
-
-
 class Router:
     def __init__(
         self,
@@ -121,8 +128,10 @@ class Router:
         connectors: Mapping[str, Connector],
         registry: WorkerRegistry | None = None,
         rng: random.Random | None = None,
+        listening: ListeningAddress | None = None,
     ) -> None:
         self.config = config
+        self._listening = listening  # the gateway's own address: never a worker of its own
         self.registry = registry or WorkerRegistry()
         self._connectors = dict(connectors)
         self._rng = rng or random.Random()
@@ -164,6 +173,7 @@ class Router:
             connection: Connection = "http" if spec.external else worker_kind(url)
         except ValueError as exc:
             raise WorkerRefused(str(exc)) from None
+        check_worker_url(url, provider=spec.provider if spec.external else None, config=self.config.urls)
         worker = Worker(
             url=url,
             connection=connection,
@@ -243,7 +253,10 @@ class Router:
 
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Register a worker at run time; it is discovered in the background and routed to
-        once it answers."""
+        once it answers. Raises `WorkerRefused`, having sent nothing to the URL."""
+        check_worker_url(spec.url, provider=spec.provider if spec.external else None, config=self.config.urls)
+        if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
+            raise gateway_itself(spec.url)
         worker = self._register(spec, source="api")
         self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
         return worker

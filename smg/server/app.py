@@ -22,6 +22,7 @@ from smg.observability import metrics, tracing
 from smg.observability.metrics import MetricsServer
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
+from smg.protocol.hops import HOP_HEADER, check_hops
 from smg.routing.router import Router, WorkerSpec
 from smg.server import messages, tokenizers, workers
 from smg.server.auth import caller, check_admin
@@ -113,7 +114,9 @@ def build_app(
     # Sanic's own request timeout restarts on every byte; the total deadline is the protocol's
     # (smg.server.connections). This one only sets how often the timeouts are checked.
     app.config.REQUEST_TIMEOUT = min(60.0, config.header_read_timeout_secs)
-    app.config.KEEP_ALIVE_TIMEOUT = 75
+    # A kept-alive connection waits for its next request no longer than a request may take to
+    # arrive: idle connections must not hold the connection cap (smg.server.connections).
+    app.config.KEEP_ALIVE_TIMEOUT = min(75.0, config.header_read_timeout_secs)
     app.config.FALLBACK_ERROR_FORMAT = "json"
     app.config.NOISY_EXCEPTIONS = False
     admission = admission or build_admission(config.api_key)
@@ -172,6 +175,14 @@ def build_app(
             m.http_requests.labels(request.method, _metric_path(request)).inc()
         if _is_preflight(request):
             return HTTPResponse(status=204)
+        if HOP_HEADER in request.ctx.headers:
+            try:
+                check_hops(request.ctx.headers, request.app.ctx.gateway.config.instance_id)
+            except ApiError as err:
+                log.info("refused %s %s: %s", request.method, request.path, err.message)
+                if request.path.startswith("/v1/messages"):
+                    return _to_http(await messages.refuse(request, err))
+                return _api_error(request, err)
         return None
 
     @app.on_response  # type: ignore[untyped-decorator]

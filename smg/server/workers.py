@@ -139,7 +139,7 @@ async def add(request: Any) -> HTTPResponse:
             "WORKER_ALREADY_EXISTS",
         )
     except WorkerRefused as exc:
-        return _bad(str(exc))
+        return _error(400, str(exc), exc.code)
     location = f"/workers/{worker.id}"
     return json_response(
         {

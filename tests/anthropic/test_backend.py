@@ -22,8 +22,9 @@ CLIENT_HEADERS = {
     "Anthropic-Version": "2023-06-01",
     "Anthropic-Beta": "mcp-client-2025-11-20",
 }
-# What HTTP itself adds to any request; everything else the upstream sees must be the client's.
-TRANSPORT = {"host", "content-length"}
+# What HTTP itself adds to any request, and the gateway's hop header (a loop of gateways is cut
+# by it); everything else the upstream sees must be the client's.
+TRANSPORT = {"host", "content-length", "x-smg-hops"}
 
 
 def _kinds(events: list) -> list[str]:

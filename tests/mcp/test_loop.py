@@ -76,7 +76,7 @@ def test_non_streaming_round_trip(gw: httpx.Client, scripted: Scripted, mcp: Mcp
 
     first, second = scripted.received()
     for sent in (first, second):
-        assert set(sent["headers"]) - {"host", "content-length"} == {
+        assert set(sent["headers"]) - {"host", "content-length", "x-smg-hops"} == {
             "x-api-key", "anthropic-version", "anthropic-beta", "content-type",
         }  # fmt: skip
     sent = first["json"]

@@ -26,7 +26,7 @@ from smg.backends.anthropic.sse import ErrorFrameWatch
 from smg.backends.anthropic.upstream import AnthropicModel, open_response, read_body, send_failure
 from smg.backends.base import Attempts, Call, Discovery, Failure, Target, WorkerUnreachable
 from smg.backends.http.client import make_client
-from smg.backends.http.discovery import parse_model_list
+from smg.backends.http.discovery import parse_model_list, probe_failure
 from smg.backends.http.headers import relayed_response_headers
 from smg.backends.http.relay import relay_body
 from smg.backends.upstream import stream_parts
@@ -72,7 +72,9 @@ class AnthropicConnector:
     async def start(self) -> None:
         # make_client adds no header of its own: the API sees only the client's forwarded ones.
         if self._client is None:
-            self._client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
+            self._client = make_client(
+                self._config.upstream_transport, self._config.request_timeout_secs, self._config.instance_id
+            )
 
     async def close(self) -> None:
         if self._client:
@@ -90,7 +92,7 @@ class AnthropicConnector:
             response.raise_for_status()
             return Discovery(models=parse_model_list(response.json()))
         except (httpx.HTTPError, ValueError) as exc:
-            raise WorkerUnreachable(repr(exc)) from None
+            raise WorkerUnreachable(probe_failure(exc)) from None
 
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
         return True  # an API origin has no health endpoint; failed requests open its breaker
@@ -111,7 +113,9 @@ class AnthropicConnector:
         path = MODELS_PATH + (f"/{quote(model_id, safe='')}" if model_id is not None else "")
         url = target.url + path + (f"?{query}" if query else "")
         try:
-            sent = upstream_headers(headers, content_type=False, gateway_key=self._config.api_key)
+            sent = upstream_headers(
+                headers, content_type=False, gateway_key=self._config.api_key, instance_id=self._config.instance_id
+            )
             response = await self.client.get(url, headers=sent)
         except httpx.HTTPError as exc:
             raise send_failure(exc) from None
@@ -120,7 +124,7 @@ class AnthropicConnector:
     async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
         if call.endpoint == "count_tokens":
             raise ApiError(501, "count_tokens is not implemented for the Anthropic API backend", code="not_implemented")
-        headers = upstream_headers(call.headers, gateway_key=self._config.api_key)
+        headers = upstream_headers(call.headers, gateway_key=self._config.api_key, instance_id=self._config.instance_id)
         async for lease in attempts:
             worker = lease.target
             yield lease.routed

@@ -2,8 +2,10 @@
 choice of transport (aiohttp underneath httpx's interface by default, measured faster in
 `tools/bench`; or httpx's own).
 
-The client sends no header of its own (no user-agent, accept or accept-encoding): a worker
-or the Anthropic API sees only what the backend forwards, plus what HTTP itself needs.
+The client sends one header of its own, the hop header with the gateway's id (a worker URL
+that leads back to the gateway is refused at its first probe, `smg.protocol.hops`); no
+user-agent, accept or accept-encoding: a worker or the Anthropic API sees only what the
+backend forwards, plus what HTTP itself needs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+
+from smg.protocol.hops import HOP_HEADER
 
 TRANSPORTS = ("aiohttp", "httpx")
 
@@ -57,7 +61,7 @@ def _session(limits: httpx.Limits) -> aiohttp.ClientSession:
     )
 
 
-def make_client(transport: str, timeout_secs: float) -> httpx.AsyncClient:
+def make_client(transport: str, timeout_secs: float, instance_id: str | None = None) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30.0)
     timeout = httpx.Timeout(timeout_secs, connect=min(10.0, timeout_secs))
     if transport == "aiohttp":
@@ -72,4 +76,6 @@ def make_client(transport: str, timeout_secs: float) -> httpx.AsyncClient:
         raise ValueError(f"unknown upstream transport {transport!r} (choose from {', '.join(TRANSPORTS)})")
     for name in list(client.headers.keys()):
         del client.headers[name]
+    if instance_id is not None:
+        client.headers[HOP_HEADER] = instance_id  # a relayed request sends its whole chain instead
     return client

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from smg.backends.base import Discovery, Target, WorkerUnreachable
+from smg.protocol.errors import describe_exception, reason_phrase
 
 _RUNTIMES = ("vllm", "sglang")
 _WINDOW_KEYS = ("context_length", "max_context_length", "max_model_len", "max_total_tokens", "max_seq_len")
@@ -48,6 +49,20 @@ def runtime_of(payload: Any) -> str | None:
     return None
 
 
+def probe_failure(exc: httpx.HTTPError | ValueError) -> str:
+    """What a failed probe says in a worker's `last_error` and the log: the status and its
+    reason, or the kind of failure, never what the worker answered (a URL may lead anywhere,
+    and `GET /workers` shows it to anyone with the admin key)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        return f"answered HTTP {status} {reason_phrase(status)}"
+    if isinstance(exc, ValueError):
+        return "answered something that is not a model list"
+    if isinstance(exc, (httpx.ConnectError, httpx.TimeoutException)):
+        return describe_exception(exc)[:200]
+    return f"{type(exc).__name__}: no readable HTTP answer"  # a parser's message may quote the bytes
+
+
 def _auth(target: Target) -> dict[str, str]:
     return {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
@@ -74,7 +89,7 @@ async def discover(
         payload = resp.json()
         models = parse_model_list(payload)
     except (httpx.HTTPError, ValueError) as exc:
-        raise WorkerUnreachable(repr(exc)) from None
+        raise WorkerUnreachable(probe_failure(exc)) from None
     try:
         healthy = await check_health(target, client, timeout)
     except WorkerUnreachable:
@@ -90,5 +105,5 @@ async def check_health(
     try:
         resp = await client.get(f"{target.url}{endpoint}", headers=_auth(target), timeout=timeout)
     except httpx.HTTPError as exc:
-        raise WorkerUnreachable(repr(exc)) from None
+        raise WorkerUnreachable(probe_failure(exc)) from None
     return resp.status_code < 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from smg.protocol.headers import is_forwarded, is_gateway_key, outgoing_value
+from smg.protocol.hops import HOP_HEADER, outgoing_hops
 
 _HOP_BY_HOP = frozenset(
     {
@@ -20,12 +21,16 @@ _HOP_BY_HOP = frozenset(
         "content-length",
         "host",
         "x-smg-error-code",  # only ever names codes the gateway minted itself
+        HOP_HEADER,  # between gateways and workers only
     }
 )
 
 
-def forwarded_request_headers(headers: Mapping[str, str], gateway_key: str | None = None) -> dict[str, str]:
-    """The allowlisted client headers for an HTTP/PD worker; `Content-Type` is set by us.
+def forwarded_request_headers(
+    headers: Mapping[str, str], gateway_key: str | None = None, instance_id: str | None = None
+) -> dict[str, str]:
+    """The allowlisted client headers for an HTTP/PD worker; `Content-Type` is set by us, and
+    the hop header (the chain the request came with, then `instance_id`) when given.
 
     The gateway's own key is not the worker's business: an `Authorization` carrying it is left
     out (a client's other credential passes). A value that cannot go out as sent is left out or
@@ -40,6 +45,8 @@ def forwarded_request_headers(headers: Mapping[str, str], gateway_key: str | Non
         if sent is not None:
             out[key] = sent
     out["content-type"] = "application/json"
+    if instance_id is not None:
+        out[HOP_HEADER] = outgoing_hops(headers, instance_id)
     return out
 
 

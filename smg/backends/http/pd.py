@@ -145,7 +145,7 @@ class HttpPdConnector:
                 code="max_tokens_zero_not_relayed",
             )
         client = self._relay.client
-        forwarded = forwarded_request_headers(call.headers, self._config.api_key)
+        forwarded = forwarded_request_headers(call.headers, self._config.api_key, self._config.instance_id)
         async for lease in attempts:
             pair = cast(PairLease, lease)
             prefill, decode = pair.prefill.target, pair.target

@@ -71,7 +71,9 @@ class HttpConnector:
 
     async def start(self) -> None:
         if self._client is None:
-            self._client = make_client(self._config.upstream_transport, self._config.request_timeout_secs)
+            self._client = make_client(
+                self._config.upstream_transport, self._config.request_timeout_secs, self._config.instance_id
+            )
 
     async def close(self) -> None:
         if self._client:
@@ -111,7 +113,7 @@ class HttpConnector:
                 code="max_tokens_zero_not_relayed",
             )
         body = relay_body(call)
-        forwarded = forwarded_request_headers(call.headers, self._config.api_key)
+        forwarded = forwarded_request_headers(call.headers, self._config.api_key, self._config.instance_id)
         path = _PATHS[call.endpoint]
         async for lease in attempts:
             worker = lease.target

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from smg.backends.grpc.types import (
     GenerateCall,
 )
 from smg.backends.zmq import tokenspeed, wire
-from smg.backends.zmq.addresses import zmq_addresses
+from smg.backends.zmq.addresses import DEFAULT_IPC_DIRS, zmq_addresses
 from smg.backends.zmq.transport import Transport
 
 log = logging.getLogger("smg.zmq")
@@ -90,14 +90,22 @@ def _structured(constraint: tuple[str, str] | None) -> dict[str, Any] | None:
 class ZmqEngineClient:
     """The engines of one `ipc://PATH` worker."""
 
-    def __init__(self, url: str, *, model_id: str, runtime: str = "vllm", engine_count: int = 1) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        model_id: str,
+        runtime: str = "vllm",
+        engine_count: int = 1,
+        ipc_dirs: Sequence[str] = DEFAULT_IPC_DIRS,
+    ) -> None:
         if runtime not in ZMQ_RUNTIMES:
             raise ValueError(f"ZMQ workers speak {', '.join(ZMQ_RUNTIMES)}, not {runtime!r}")
         self.runtime = runtime
         self.target = url
         self.model_id = model_id
         decode = tokenspeed.outputs if runtime == "tokenspeed" else wire.outputs
-        self.transport = Transport(zmq_addresses(url), engine_count, decode)
+        self.transport = Transport(zmq_addresses(url), engine_count, decode, ipc_dirs)
         self.eos_token_ids, self.vocab_size = model_dir_facts(model_id)
         self._unfinished: dict[str, bytes] = {}  # closed before the engine finished: abort goes there
 

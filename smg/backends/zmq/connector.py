@@ -19,7 +19,11 @@ def zmq_connector(config: GatewayConfig, tokenizers: TokenizerRegistry | None = 
             raise WorkerUnreachable("a ZMQ worker's model id is --model-path, and none was given")
         try:
             client = ZmqEngineClient(
-                target.url, model_id=config.model_path, runtime=runtime, engine_count=config.zmq_engine_count
+                target.url,
+                model_id=config.model_path,
+                runtime=runtime,
+                engine_count=config.zmq_engine_count,
+                ipc_dirs=config.router.urls.ipc_dirs,
             )
         except ValueError as exc:
             raise WorkerUnreachable(str(exc)) from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from smg.backends.grpc.types import EngineError
 from smg.backends.zmq import wire
-from smg.backends.zmq.addresses import ZmqAddresses, prepare_socket_dir
+from smg.backends.zmq.addresses import DEFAULT_IPC_DIRS, ZmqAddresses, prepare_socket_dir
 
 log = logging.getLogger("smg.zmq")
 
@@ -59,10 +59,12 @@ class Transport:
         addresses: ZmqAddresses,
         engine_count: int = 1,
         decode: Callable[[bytes], wire.Outputs] = wire.outputs,
+        ipc_dirs: Sequence[str] = DEFAULT_IPC_DIRS,
     ) -> None:
         if engine_count < 1:
             raise ValueError("a ZMQ worker has at least one engine")
         self.addresses = addresses
+        self._ipc_dirs = tuple(ipc_dirs)  # where its sockets may be (--ipc-dir)
         self._decode = decode  # the engine protocol's output frames (vLLM's or TokenSpeed's)
         self.engine_count = engine_count
         self.engines: dict[bytes, EngineRank] = {}
@@ -83,7 +85,7 @@ class Transport:
         if self._started:
             return
         try:
-            prepare_socket_dir(self.addresses)
+            prepare_socket_dir(self.addresses, self._ipc_dirs)
         except (ValueError, OSError) as exc:
             raise EngineError("UNAVAILABLE", str(exc)) from None
         context = zmq.asyncio.Context()
