@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
+from smg.pipeline.media import MediaConfig
 from smg.routing.config import RouterConfig
 
 
@@ -41,6 +43,8 @@ class GatewayConfig:
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
     zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
+    fetch: FetchConfig = field(default_factory=FetchConfig)  # where client-named URLs may lead (--fetch-allow)
+    media: MediaConfig = field(default_factory=MediaConfig)  # a request's image count, fetch deadline and budget
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

@@ -1,5 +1,6 @@
 """A loopback HTTP origin for the tests of outbound fetches: it counts every connection it
-accepts (so a test proves a refusal happened before any connect) and serves scripted answers.
+accepts and every request (so a test proves a refusal happened before any connect, or that
+nothing was fetched) and serves scripted answers.
 
 Paths:
 
@@ -35,6 +36,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, host: str) -> None:
         super().__init__((host, 0), _Handler)
         self.connections = 0
+        self.requests = 0
         self.files: dict[str, tuple[bytes, str]] = {}
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -66,6 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.requests += 1
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         head, _, rest = parts.path.lstrip("/").partition("/")
@@ -109,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Origin:
-    """The origin: ``url``, ``connections`` (accepted so far), ``serve`` and ``close``."""
+    """The origin: ``url``, ``connections`` and ``requests`` (so far), ``serve`` and ``close``."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._server = _Server(host)
@@ -125,6 +129,12 @@ class Origin:
     def connections(self) -> int:
         with self._server.lock:
             return self._server.connections
+
+    @property
+    def requests(self) -> int:
+        """Requests answered so far (a kept-alive connection carries several)."""
+        with self._server.lock:
+            return self._server.requests
 
     def serve(self, name: str, data: bytes, media_type: str) -> str:
         """Serve `data` at ``/file/NAME``; returns its URL."""

@@ -17,7 +17,9 @@ from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
+from smg.pipeline.media import MediaConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
 from smg.routing.policies import PolicyConfig
@@ -39,6 +41,7 @@ _MULTI_VALUE = (
     "--model-alias",
     "--routing-key-headers",
     "--prometheus-duration-buckets",
+    "--fetch-allow",
 )
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
@@ -49,6 +52,8 @@ _COMPONENTS = (
     HealthConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
+    FetchConfig,
+    MediaConfig,
 )
 
 
@@ -228,6 +233,10 @@ def launch(
                 rate_limit=build_component(RateLimitConfig, flags),
             )
             observability.check()
+            fetch = build_component(FetchConfig, flags)
+            fetch.policy()
+            media = build_component(MediaConfig, flags)
+            media.check()
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
@@ -260,6 +269,8 @@ def launch(
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
+            fetch=fetch,
+            media=media,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
