@@ -20,7 +20,7 @@ from urllib.parse import urljoin
 import httpx2
 
 from smg.fetch.dial import guarded_transport
-from smg.fetch.policy import BadAnswer, DestinationPolicy, FetchError, OverLimit, TimedOut, Unreachable
+from smg.fetch.policy import BadAnswer, BadUrl, DestinationPolicy, FetchError, OverLimit, TimedOut, Unreachable
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -125,6 +125,8 @@ class Fetcher:
                     return Fetched(bytes(data), media_type, target.url)
             except FetchError:
                 raise
+            except httpx2.InvalidURL:
+                raise BadUrl("the URL is malformed") from None
             except httpx2.HTTPError:
                 if answered[0]:
                     raise BadAnswer("the destination's answer broke off") from None

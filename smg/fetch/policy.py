@@ -101,6 +101,7 @@ _RULES: tuple[tuple[str, tuple[Network, ...]], ...] = (
     ("a reserved address", _nets("240.0.0.0/4", "192.0.0.0/24", "198.18.0.0/15", "100::/64")),
     ("a documentation address", _nets("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")),
 )
+_NOT_IN_NAMES = frozenset(" %/\\@[]<>\"'`{}|^")
 _NAT64 = _nets("64:ff9b::/96", "64:ff9b:1::/48")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 _IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
@@ -257,6 +258,8 @@ class DestinationPolicy:
         host = str(address) if address is not None else parts.hostname.rstrip(".")
         if not host:
             raise BadUrl("the URL has no host")
+        if address is None and (not host.isprintable() or any(c in _NOT_IN_NAMES for c in host)):
+            raise BadUrl("the host is not a valid name")
         if address is not None:
             self.check(address)
         port = port if port is not None else (443 if scheme == "https" else 80)

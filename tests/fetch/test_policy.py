@@ -89,6 +89,12 @@ def test_a_host_that_looks_numeric_but_is_no_address_is_refused(url: str) -> Non
         DestinationPolicy().target(url)
 
 
+@pytest.mark.parametrize("url", ["http://exa mple.com/", "http://ex%41mple.com/", "http://\x00x/", 'http://x"y/'])
+def test_a_host_that_is_no_name_is_refused_before_any_lookup(url: str) -> None:
+    with pytest.raises(BadUrl, match="not a valid name"):
+        DestinationPolicy().target(url)
+
+
 @pytest.mark.parametrize("url", ["http://user:pw@example.com/a.png", "http://user@example.com/", "https://:x@example.com/"])
 def test_credentials_in_a_url_are_refused(url: str) -> None:
     with pytest.raises(BadUrl, match="credentials"):
