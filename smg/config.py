@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
+from smg.pipeline.media import MediaConfig
 from smg.protocol.hops import instance_id
 from smg.routing.config import RouterConfig
 
@@ -45,6 +47,8 @@ class GatewayConfig:
     # This gateway's id in the hop header (smg.protocol.hops); one per process group: the
     # processes of `--workers N` share it, since the settings are built before they fork.
     instance_id: str = field(default_factory=instance_id)
+    fetch: FetchConfig = field(default_factory=FetchConfig)  # where client-named URLs may lead (--fetch-allow)
+    media: MediaConfig = field(default_factory=MediaConfig)  # a request's image count, fetch deadline and budget
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

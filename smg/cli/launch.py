@@ -16,7 +16,9 @@ from typing import Any
 from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
+from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
+from smg.pipeline.media import MediaConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerRefused, WorkerSpec, gateway_itself
 from smg.routing.self_address import ListeningAddress
@@ -114,6 +116,8 @@ def build_config(
     zmq_engine_count: int = 1,
     header_read_timeout_secs: float = 30.0,
     max_connections: int | None = None,
+    fetch: FetchConfig | None = None,
+    media: MediaConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -236,6 +240,8 @@ def build_config(
         reasoning_parser=reasoning_parser if grpc else None,
         observability=observability or ObservabilityConfig(),
         zmq_engine_count=zmq_engine_count,
+        fetch=fetch or FetchConfig(),
+        media=media or MediaConfig(),
     )
 
 

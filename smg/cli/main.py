@@ -17,7 +17,9 @@ from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
+from smg.pipeline.media import MediaConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
 from smg.routing.policies import PolicyConfig
@@ -41,6 +43,7 @@ _MULTI_VALUE = (
     "--routing-key-headers",
     "--prometheus-duration-buckets",
     "--ipc-dir",
+    "--fetch-allow",
 )
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
@@ -52,6 +55,8 @@ _COMPONENTS = (
     WorkerUrlConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
+    FetchConfig,
+    MediaConfig,
 )
 
 
@@ -236,6 +241,10 @@ def launch(
                 rate_limit=build_component(RateLimitConfig, flags),
             )
             observability.check()
+            fetch = build_component(FetchConfig, flags)
+            fetch.policy()
+            media = build_component(MediaConfig, flags)
+            media.check()
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
@@ -268,6 +277,8 @@ def launch(
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
+            fetch=fetch,
+            media=media,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")

@@ -9,7 +9,8 @@ the loop only exchanges futures with it. Every task is kept referenced and cance
 
 A server's `authorization_token` travels as `Authorization: Bearer <token>` and is never
 logged or journaled; URLs are reported without their userinfo or query. Like the gateway's
-upstream client, these connections ignore proxy settings from the environment.
+upstream client, these connections ignore proxy settings from the environment, and each is
+dialled under its server's destination policy (`smg.mcp.destinations`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from smg.fetch import DestinationPolicy, guarded_transport
 from smg.protocol.errors import describe_exception
 
 log = logging.getLogger("smg.mcp")
@@ -93,8 +95,11 @@ _Job = tuple[str, dict[str, Any], "asyncio.Future[Any]"]
 class _Connection:
     """One server's session, owned by its task."""
 
-    def __init__(self, spec: ServerSpec, connect_timeout: float, call_timeout: float) -> None:
+    def __init__(
+        self, spec: ServerSpec, connect_timeout: float, call_timeout: float, policy: DestinationPolicy
+    ) -> None:
         self.spec = spec
+        self._policy = policy
         self._connect_timeout = connect_timeout
         self._call_timeout = call_timeout
         loop = asyncio.get_running_loop()
@@ -112,7 +117,9 @@ class _Connection:
         timeout = httpx2.Timeout(self._connect_timeout, read=self._call_timeout)
         try:
             async with (
-                httpx2.AsyncClient(headers=headers, timeout=timeout, trust_env=False) as http,
+                httpx2.AsyncClient(
+                    headers=headers, timeout=timeout, trust_env=False, transport=guarded_transport(self._policy)
+                ) as http,
                 streamable_http_client(self.spec.url, http_client=http) as (read, write),
                 ClientSession(read, write, read_timeout_seconds=self._call_timeout) as session,
             ):
@@ -191,9 +198,15 @@ async def _list_tools(session: Any, server: str) -> list[McpTool]:
 class McpConnections:
     """A request's MCP servers: connect them all, call their tools, close them all."""
 
-    def __init__(self, connect_timeout: float = 10.0, call_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        connect_timeout: float = 10.0,
+        call_timeout: float = 300.0,
+        policies: dict[str, DestinationPolicy] | None = None,
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._call_timeout = call_timeout
+        self._policies = policies or {}  # by server name; a server not named gets the default policy
         self._connections: dict[str, _Connection] = {}
 
     async def connect(self, specs: Sequence[ServerSpec]) -> list[ConnectOutcome]:
@@ -214,7 +227,8 @@ class McpConnections:
             return outcome(False, error="the URL must be http:// or https://")
         if "/sse" in parts.path:
             return outcome(False, error="the legacy SSE transport is not supported; use a Streamable HTTP URL")
-        connection = _Connection(spec, self._connect_timeout, self._call_timeout)
+        policy = self._policies.get(spec.name, DestinationPolicy())
+        connection = _Connection(spec, self._connect_timeout, self._call_timeout, policy)
         self._connections[spec.name] = connection
         try:
             tools = await asyncio.wait_for(asyncio.shield(connection.ready), self._connect_timeout)

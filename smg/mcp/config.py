@@ -17,10 +17,12 @@ or with an empty one, every tool of every server is allowed. The format::
     connect_timeout_secs: 10    # per server: connect, initialize and list its tools
     call_timeout_secs: 300      # per tool call
 
-A configured server's token is used only for a request entry with the same name AND the same
-URL (so a client cannot send it elsewhere), and only when the entry has no
-`authorization_token` of its own; `${VAR}` is read from the environment when the file is
-loaded. Clients then need no MCP secret at all.
+A configured server's URL may be dialled although `--fetch-allow` does not open its address
+(by a request naming that exact URL: the operator vouches for it). A configured server's
+token is used only for a request entry with the same name AND the same URL (so a client
+cannot send it elsewhere), and only when the entry has no `authorization_token` of its own;
+`${VAR}` is read from the environment when the file is loaded. Clients then need no MCP
+secret at all.
 
 The most specific rule wins: the tool's, then its server's `default`, then the global one.
 A denied call is not sent to its server; the model gets an error result saying so. Unknown
@@ -73,6 +75,10 @@ class McpConfig:
     def token_for(self, name: str, url: str) -> str | None:
         """The configured bearer token for a request's server entry, if the operator set one."""
         return next((k.token for k in self.known_servers if k.matches(name, url)), None)
+
+    def knows_url(self, url: str) -> bool:
+        """The operator listed a server at this URL (so it may be dialled wherever it is)."""
+        return any(url.rstrip("/") == k.url.rstrip("/") for k in self.known_servers)
 
     def allows(self, server: str, tool: str) -> bool:
         """The policy's decision for one call."""

@@ -36,9 +36,11 @@ from journal.events import (
     StreamOpened,
 )
 from journal.pieces import text_piece
+from smg.fetch import DestinationPolicy
 from smg.mcp.blocks import assistant_input, mcp_id, mcp_tool_result, mcp_tool_use, tool_result
 from smg.mcp.client import McpConnections, ToolOutcome
 from smg.mcp.config import McpConfig
+from smg.mcp.destinations import server_policies
 from smg.mcp.model import ModelClient, ModelStreamError
 from smg.mcp.streaming import StreamRewriteError, StreamRewriter
 from smg.mcp.toolset import exposed_tools, rewrite_request, server_specs, toolsets
@@ -79,11 +81,16 @@ class _Call:
     outcome: ToolOutcome
 
 
-async def run_loop(req: LoopRequest, model: ModelClient, config: McpConfig) -> AsyncIterator[Event]:
-    """The loop's events. Raises `ApiError` for a failure before anything was sent."""
-    connections = McpConnections(config.connect_timeout_secs, config.call_timeout_secs)
+async def run_loop(
+    req: LoopRequest, model: ModelClient, config: McpConfig, policy: DestinationPolicy | None = None
+) -> AsyncIterator[Event]:
+    """The loop's events. Raises `ApiError` for a failure before anything was sent (a server
+    URL that `policy`, the gateway's fetch policy, refuses: before any server is dialled)."""
+    specs = server_specs(req.request, config)
+    policies = await server_policies(specs, config, policy or DestinationPolicy())
+    connections = McpConnections(config.connect_timeout_secs, config.call_timeout_secs, policies)
     try:
-        outcomes = await connections.connect(server_specs(req.request, config))
+        outcomes = await connections.connect(specs)
         for o in outcomes:
             yield McpConnect(
                 server=o.spec.name,

@@ -2,26 +2,53 @@
 
 Only a user message's own image blocks count, in order: they are what the chat template renders
 as image placeholders (an image inside a tool result is rendered as text, so it is not one). A
-base64 source is decoded; a URL source is fetched by the gateway, capped in size and time. Only
-generation fetches: count_tokens counts the placeholder and never reaches this module.
+base64 source is decoded; a URL source is fetched by the gateway through `smg.fetch` (the
+destination policy, `--fetch-allow`) within the request's media limits (`MediaConfig`): a count
+of images checked before anything is fetched, one deadline and one byte budget for all of a
+request's fetches, a size cap per image, a few fetches at a time. Only generation fetches:
+count_tokens counts the placeholder and never reaches this module.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from smg.fetch import Budget, Fetcher, FetchError
+from smg.fetch.policy import BadUrl
+from smg.flags import option
 from smg.protocol.content import Base64Source, ImageBlock, UrlSource
 from smg.protocol.errors import ApiError
 
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
-FETCH_TIMEOUT_SECS = 10.0
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one image, fetched or inline
+FETCH_PARALLEL = 4  # a request's fetches in flight at once
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """A request's media limits (defaults: the Anthropic API's 100 images and 32 MB request)."""
+
+    fetch_timeout_secs: float = field(
+        default=10.0,
+        metadata=option("--media-fetch-timeout-secs", "One deadline for all of a request's image URL fetches."),
+    )
+    fetch_max_bytes: int = field(
+        default=32 * 1024 * 1024,
+        metadata=option("--media-fetch-max-bytes", "Bytes a request's image URL fetches may bring in, together."),
+    )
+    max_items: int = field(
+        default=100, metadata=option("--media-max-items", "Images one request may carry; more are refused.")
+    )
+
+    def check(self) -> None:
+        """Raises `ValueError` for limits that cannot work."""
+        if self.fetch_timeout_secs <= 0 or self.fetch_max_bytes <= 0 or self.max_items <= 0:
+            raise ValueError("--media-fetch-timeout-secs, --media-fetch-max-bytes, --media-max-items: each above 0")
 
 
 def processing_failed(message: str) -> ApiError:
@@ -61,38 +88,65 @@ def decode_base64(source: Base64Source) -> MediaItem:
     return MediaItem(data=data, media_type=source.media_type)
 
 
-async def fetch_url(client: httpx.AsyncClient, url: str) -> MediaItem:
-    """An image URL's bytes; any failure (status, size, transport) is the request's 400."""
-    if not url.startswith(("http://", "https://")):
-        raise ApiError(400, f"Unsupported image URL scheme: {url}", code="invalid_multimodal_request")
-    data = bytearray()
-    try:
-        async with client.stream("GET", url, timeout=FETCH_TIMEOUT_SECS, follow_redirects=True) as response:
-            if response.status_code != 200:
-                raise processing_failed(f"Failed to fetch image from {url}: HTTP {response.status_code}")
-            async for chunk in response.aiter_bytes():
-                data.extend(chunk)
-                if len(data) > MAX_IMAGE_BYTES:
-                    raise processing_failed(f"Image at {url} exceeds {MAX_IMAGE_BYTES} bytes")
-            media_type = response.headers.get("content-type", "").split(";")[0].strip()
-    except httpx.HTTPError as exc:
-        raise processing_failed(f"Failed to fetch image from {url}: {exc or type(exc).__name__}") from None
-    return MediaItem(data=bytes(data), media_type=media_type, url=url)
-
-
-async def load_images(client: httpx.AsyncClient, blocks: Sequence[ImageBlock]) -> list[MediaItem]:
-    """Each image block's bytes, in order."""
-    out: list[MediaItem] = []
+async def load_images(fetcher: Fetcher, blocks: Sequence[ImageBlock], limits: MediaConfig) -> list[MediaItem]:
+    """Each image block's bytes, in order. Raises the request's 400 for the first image that
+    fails; nothing is fetched when the request has more images than `limits` allow."""
+    if len(blocks) > limits.max_items:
+        raise processing_failed(f"The request has {len(blocks)} images; at most {limits.max_items} are accepted")
+    out: list[MediaItem | None] = []
+    urls: list[tuple[int, str]] = []
     for block in blocks:
         source = block.source
         if isinstance(source, Base64Source):
             out.append(decode_base64(source))
         elif isinstance(source, UrlSource):
-            out.append(await fetch_url(client, source.url))
+            urls.append((len(out), source.url))
+            out.append(None)
         else:
             raise ApiError(
                 400,
                 "Image sources of type 'file' are not supported by this gateway (it has no Files API)",
                 code="invalid_multimodal_request",
             )
-    return out
+    if urls:
+        budget = Budget(
+            timeout_secs=limits.fetch_timeout_secs,
+            max_bytes=limits.fetch_max_bytes,
+            parallel=FETCH_PARALLEL,
+            label="media",
+        )
+        fetched = await _fetch_all(fetcher, urls, budget, several=len(blocks) > 1)
+        for index, item in fetched.items():
+            out[index] = item
+    return [item for item in out if item is not None]
+
+
+async def _fetch_all(
+    fetcher: Fetcher, urls: Sequence[tuple[int, str]], budget: Budget, *, several: bool
+) -> dict[int, MediaItem]:
+    """The URL images, fetched a few at a time; a failure cancels the rest (the earliest image that
+    failed is the one reported)."""
+    results: dict[int, MediaItem] = {}
+    failures: dict[int, FetchError] = {}
+
+    async def one(index: int, url: str) -> None:
+        try:
+            got = await fetcher.get(url, budget, max_bytes=MAX_IMAGE_BYTES)
+        except FetchError as exc:
+            failures[index] = exc
+            raise
+        results[index] = MediaItem(data=got.data, media_type=got.media_type, url=url)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, url in urls:
+                group.create_task(one(index, url))
+    except* FetchError:
+        pass
+    if failures:
+        index = min(failures)
+        error = failures[index]
+        subject = f"image {index + 1}" if several else "image"
+        code = "invalid_multimodal_request" if isinstance(error, BadUrl) else "multimodal_processing_failed"
+        raise ApiError(400, error.describe(subject), code=code)
+    return results

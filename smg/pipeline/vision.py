@@ -127,8 +127,13 @@ class QwenVlProcessor:
         try:
             with Image.open(io.BytesIO(item.data)) as opened:
                 image = opened.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise processing_failed(f"Failed to decode image: {exc}") from None
+        except UnidentifiedImageError:
+            # PIL's own text names the buffer object (`<_io.BytesIO object at 0x…>`): never shown.
+            raise processing_failed("Failed to decode image: not a recognised image format") from None
+        except Image.DecompressionBombError:
+            raise processing_failed("Failed to decode image: it has too many pixels to decode") from None
+        except (OSError, ValueError, SyntaxError):
+            raise processing_failed("Failed to decode image: the image data is damaged or truncated") from None
         height, width = self.target_size(image.height, image.width)
         image = image.resize((width, height), Image.Resampling.BICUBIC)
         scaled = np.asarray(image, dtype=np.float32) / np.float32(255.0)

@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from smg.cli.main import app, expand_multi_values
+from smg.cli.options import build_component
+from smg.fetch import FetchConfig
 
 runner = CliRunner()
 EXAMPLE_LIMITS = Path(__file__).resolve().parents[1] / "admission" / "limits-example.yaml"
@@ -94,12 +96,22 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
         (["--worker-urls", "http://127.0.0.1:1", "--prometheus-duration-buckets", "2", "1"], "increasing"),
         (["--worker-urls", "http://127.0.0.1:1", "--prometheus-port", "70000"], "--prometheus-port must be"),
         (["--worker-urls", "http://127.0.0.1:1", "--enable-trace", "--otlp-traces-endpoint", "nohost"], "HOST:PORT"),
+        (["--worker-urls", "http://127.0.0.1:1", "--fetch-allow", "10.0.0.0/8", "localhost"], "takes CIDR ranges"),
+        (["--worker-urls", "http://127.0.0.1:1", "--media-max-items", "0"], "--media-max-items"),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:
     result = runner.invoke(app, expand_multi_values(["launch", *args]))  # as `smg` itself parses argv
     assert result.exit_code != 0
     assert needle in result.output
+
+
+def test_fetch_allow_takes_several_ranges_after_one_flag_or_repeated() -> None:
+    argv = ["launch", "--fetch-allow", "10.0.0.0/8", "fd00::/8", "--fetch-allow", "127.0.0.1"]
+    expanded = expand_multi_values(argv)
+    assert expanded[1::2] == ["--fetch-allow"] * 3
+    policy = build_component(FetchConfig, {"fetch_allow": expanded[2::2]}).policy()
+    assert [str(n) for n in policy.allow] == ["10.0.0.0/8", "fd00::/8", "127.0.0.1/32"]
 
 
 def test_console_entry_point_shows_every_command() -> None:

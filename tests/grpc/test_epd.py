@@ -8,9 +8,8 @@ import base64
 import hashlib
 import io
 import json
-import threading
+import re
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from tests.conftest import wait_for_events
 from tests.grpc.conftest import FIXTURES, target_of
 from tests.grpc.test_pd import Deployment, sse_events
 from tools.engine_control import EngineControl
+from tools.origin import SECRET_BODY, SECRET_REASON, Origin
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 QWEN2VL = FIXTURES / "qwen2vl"
@@ -44,31 +44,24 @@ SQUARE = png(56, 56, seed=1)  # 4×4 patches: 4 tokens
 
 
 @pytest.fixture(scope="module")
-def images() -> Iterator[str]:
-    """A loopback HTTP server: `/square.png` is SQUARE, anything else 404."""
+def origin() -> Iterator[Origin]:
+    """A loopback origin the gateway may fetch from (`--fetch-allow 127.0.0.1/32`)."""
+    with Origin("127.0.0.1") as served:
+        served.serve("square.png", SQUARE, "image/png")
+        yield served
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/square.png":
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.send_header("Content-Length", str(len(SQUARE)))
-                self.end_headers()
-                self.wfile.write(SQUARE)
-            else:
-                self.send_error(404)
 
-        def log_message(self, *_: Any) -> None:
-            return None
+@pytest.fixture(scope="module")
+def images(origin: Origin) -> str:
+    """The origin's files: `/square.png` is SQUARE, anything else 404."""
+    return f"{origin.url}/file"
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+
+@pytest.fixture
+def elsewhere() -> Iterator[Origin]:
+    """An origin on 127.0.0.2: loopback too, and not opened by the gateway's `--fetch-allow`."""
+    with Origin("127.0.0.2") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +91,10 @@ def epd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
                 "--model-path",
                 str(QWEN2VL),
                 "--disable-retries",
+                "--fetch-allow",
+                "127.0.0.1/32",
+                "--media-fetch-timeout-secs",
+                "2",
             ],
         )
         yield Deployment(gateway, journal, legs, controls)
@@ -253,11 +250,93 @@ def test_media_failures_are_refused_before_any_worker(fresh: Deployment, images:
     missing = {"type": "image", "source": {"type": "url", "url": images + "/missing.png"}}
     reply = fresh.post(body(missing))
     assert reply.status_code == 400 and reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
-    assert "HTTP 404" in reply.json()["error"]["message"]
+    assert reply.json()["error"]["message"] == (
+        "image URL could not be fetched: the destination did not answer with the content (status other than 200)"
+    )
     garbage = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"}}
     reply = fresh.post(body(garbage))
     assert reply.status_code == 400 and reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
+    assert reply.json()["error"]["message"] == "Failed to decode image: not a recognised image format"
     assert all(c.received() == [] and c.encoded() == [] for c in fresh.controls.values())
+
+
+def url_image(url: str) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def refusal(reply: httpx.Response) -> str:
+    """The refusal's message, checked to repeat nothing a destination said and no address of an object."""
+    assert reply.status_code == 400, reply.text
+    message: str = reply.json()["error"]["message"]
+    assert SECRET_REASON not in reply.text and SECRET_BODY.decode() not in reply.text
+    assert not re.search(r"0x[0-9a-f]{6,}", reply.text) and "object at" not in reply.text
+    return message
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.2", "2130706434", "0x7f.2", "127.2", "0177.0.0.2", "[::ffff:127.0.0.2]"]
+)
+def test_an_image_url_to_a_refused_destination_is_never_dialled(
+    fresh: Deployment, elsewhere: Origin, host: str
+) -> None:
+    reply = fresh.post(body(url_image(f"http://{host}:{elsewhere.port}/file/a.png")))
+    assert reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
+    assert refusal(reply).startswith("image URL refused: destination ")
+    assert "is a loopback address" in refusal(reply) and "--fetch-allow" in refusal(reply)
+    assert elsewhere.connections == 0
+    assert all(c.received() == [] and c.encoded() == [] for c in fresh.controls.values())
+
+
+def test_a_redirect_to_a_refused_destination_is_refused_at_its_hop(
+    fresh: Deployment, origin: Origin, elsewhere: Origin
+) -> None:
+    before = origin.requests
+    target = elsewhere.serve("a.png", SQUARE, "image/png")
+    reply = fresh.post(body(url_image(f"{origin.url}/redirect?to={target}")))
+    assert refusal(reply) == (
+        "image URL refused: destination 127.0.0.2 is a loopback address; allow it with --fetch-allow"
+    )
+    assert origin.requests == before + 1 and elsewhere.connections == 0
+
+
+def test_an_image_url_with_credentials_is_refused(fresh: Deployment, origin: Origin, images: str) -> None:
+    before = origin.connections, origin.requests
+    reply = fresh.post(body(url_image(images.replace("http://", "http://user:pw@") + "/square.png")))
+    assert reply.headers["x-smg-error-code"] == "invalid_multimodal_request"
+    assert refusal(reply) == "image URL refused: URLs with credentials (user:password@) are not fetched"
+    assert (origin.connections, origin.requests) == before
+
+
+def test_more_images_than_allowed_are_one_refusal_and_no_fetch(
+    fresh: Deployment, origin: Origin, images: str
+) -> None:
+    before = origin.connections, origin.requests
+    reply = fresh.post(body(*[url_image(f"{images}/square.png?{i}") for i in range(500)]))
+    assert reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
+    assert refusal(reply) == "The request has 500 images; at most 100 are accepted"
+    assert (origin.connections, origin.requests) == before  # a kept-alive connection would carry requests
+    assert all(c.received() == [] and c.encoded() == [] for c in fresh.controls.values())
+
+
+def test_a_trickled_image_ends_at_the_requests_fetch_deadline(fresh: Deployment, origin: Origin) -> None:
+    reply = fresh.post(body(url_image(f"{origin.url}/trickle")))
+    assert reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
+    assert refusal(reply) == "image URL fetch timed out after 2 s for the request"
+    assert all(c.received() == [] and c.encoded() == [] for c in fresh.controls.values())
+
+
+def test_the_requests_images_share_one_fetch_budget(fresh: Deployment, origin: Origin) -> None:
+    # 16 MiB each: every one is under the 20 MiB cap of one image, two are over the request's 32 MiB.
+    blocks = [url_image(f"{origin.url}/bytes/{16 * 1024 * 1024}?chunked=1&n={i}") for i in range(3)]
+    reply = fresh.post(body(*blocks))
+    assert reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
+    assert re.fullmatch(r"image \d fetch exceeded the request's 32 MiB media budget", refusal(reply))
+    assert all(c.received() == [] and c.encoded() == [] for c in fresh.controls.values())
+
+
+def test_an_error_status_is_refused_without_repeating_the_answer(fresh: Deployment, origin: Origin) -> None:
+    reply = fresh.post(body(url_image(f"{origin.url}/status/403")))
+    assert "403" not in refusal(reply)
 
 
 def test_count_tokens_counts_the_placeholder_and_fetches_nothing(fresh: Deployment, images: str) -> None:

@@ -16,6 +16,7 @@ import pytest
 from tools.spawn import Spawned, free_port, spawn, spawn_gateway
 
 TOKEN = "s3cret-mcp-token"
+FETCH_ALLOW = "127.0.0.1/32"  # the MCP servers listen on loopback, which the fetch policy refuses
 POLICY = """\
 # The gateway may not run `echo` on the server the requests call `wx`.
 policy:
@@ -87,7 +88,9 @@ def mcp_gateway(worker: Spawned, mcp_journal: Path, tmp_path_factory: pytest.Tem
     policy = tmp_path_factory.mktemp("mcp-config") / "mcp.yaml"
     policy.write_text(POLICY)
     proc = spawn_gateway(
-        [worker.url], journal=mcp_journal, extra=["--backend", "anthropic", "--mcp-config-path", str(policy)]
+        [worker.url],
+        journal=mcp_journal,
+        extra=["--backend", "anthropic", "--mcp-config-path", str(policy), "--fetch-allow", FETCH_ALLOW],
     )
     try:
         yield proc

@@ -10,7 +10,7 @@ import pytest
 
 from smg.mcp.config import McpConfigError, parse_mcp_config
 from tests.conftest import Scripted
-from tests.mcp.conftest import TOKEN, McpServers
+from tests.mcp.conftest import FETCH_ALLOW, TOKEN, McpServers
 from tests.mcp.test_loop import LOOP, body
 from tools.anthropic_answers import json_answer, message, text, tool_use
 from tools.spawn import Spawned, spawn_gateway
@@ -48,7 +48,9 @@ def operator_gateway(
     config = tmp_path_factory.mktemp("known") / "mcp.yaml"
     config.write_text(f"servers:\n  - name: vault\n    url: {mcp_procs['auth'].url}/mcp\n    token: ${{VAULT_TOKEN}}\n")
     proc = spawn_gateway(
-        [worker.url], extra=["--backend", "anthropic", "--mcp-config-path", str(config)], env={"VAULT_TOKEN": TOKEN}
+        [worker.url],
+        extra=["--backend", "anthropic", "--mcp-config-path", str(config), "--fetch-allow", FETCH_ALLOW],
+        env={"VAULT_TOKEN": TOKEN},
     )
     try:
         yield proc

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import Scripted
-from tests.mcp.conftest import POLICY, McpServers
+from tests.mcp.conftest import FETCH_ALLOW, POLICY, McpServers
 from tests.observability.test_metrics_live import scrape
 from tools import anthropic_answers as answers
 from tools.anthropic_answers import message, text, tool_use
@@ -27,7 +27,7 @@ def test_tool_calls_are_counted_by_model_tool_and_result(
     gw = spawn_gateway(
         [worker.url],
         extra=["--backend", "anthropic", "--mcp-config-path", str(policy), "--prometheus-host", "127.0.0.1",
-               "--prometheus-port", str(port)],
+               "--prometheus-port", str(port), "--fetch-allow", FETCH_ALLOW],
     )  # fmt: skip
     try:
         turn = message(

@@ -62,6 +62,7 @@ class AnthropicConnector:
         self._config = config
         self._client: httpx.AsyncClient | None = None
         self.mcp: McpConfig = load_mcp_config(Path(config.mcp_config_path) if config.mcp_config_path else None)
+        self._fetch_policy = config.fetch.policy()  # where a request's MCP server URLs may lead
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -132,7 +133,7 @@ class AnthropicConnector:
             if wants_loop(call.headers, call.request):
                 model = AnthropicModel(self.client, url, headers, self._config.max_payload_size)
                 request = LoopRequest(body=call.body, request=call.request, model=call.model, stream=call.stream)
-                async for event in run_loop(request, model, self.mcp):
+                async for event in run_loop(request, model, self.mcp, self._fetch_policy):
                     yield event
                 lease.answered(200)
                 return

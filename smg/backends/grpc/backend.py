@@ -22,8 +22,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import httpx
-
 from journal.events import Block, Counted, Error, Event, Rendered, Routed
 from smg.backends.base import Attempts, Call, Discovery, Failure, Target, WorkerUnreachable
 from smg.backends.grpc.discovery import EngineWorker, check_health, describe, register_tokenizer
@@ -39,6 +37,7 @@ from smg.backends.grpc.request import (
 )
 from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, EngineError, EngineEvent, GenerateCall
 from smg.config import GatewayConfig
+from smg.fetch import Fetcher
 from smg.pipeline.attempt import Attempt
 from smg.pipeline.generation import Generation, GenerationSettings, empty_message
 from smg.pipeline.media import load_images, user_images
@@ -151,7 +150,7 @@ class EngineConnector:
         self._autoloads: dict[str, asyncio.Task[None]] = {}  # engine URL → its tokenizer's autoload
         self._configured_tokenizer = config.tokenizer_path or config.model_path
         self._chat_template = str(config.chat_template) if config.chat_template else None
-        self._media: httpx.AsyncClient | None = None  # fetches image URLs (EPD)
+        self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
         self._vision: QwenVlProcessor | None = None
 
     # lifecycle
@@ -160,8 +159,7 @@ class EngineConnector:
         return None
 
     async def close(self) -> None:
-        if self._media is not None:
-            await self._media.aclose()
+        await self._media.aclose()
         await asyncio.gather(*self._aborts, return_exceptions=True)
         for task in self._autoloads.values():
             task.cancel()
@@ -311,7 +309,7 @@ class EngineConnector:
         images: list[VisionItem] = []
         blocks = user_images(request) if multimodal else []
         if blocks:
-            media = await load_images(self._media_client(), blocks)
+            media = await load_images(self._media, blocks, self._config.media)
             processor = self._vision_processor()
             ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
@@ -319,11 +317,6 @@ class EngineConnector:
         prepared.images = images
         async for event in generate(prepared, attempts):
             yield event
-
-    def _media_client(self) -> httpx.AsyncClient:
-        if self._media is None:
-            self._media = httpx.AsyncClient(trust_env=False)
-        return self._media
 
     def _vision_processor(self) -> QwenVlProcessor:
         if self._vision is None:
