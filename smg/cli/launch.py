@@ -20,6 +20,7 @@ from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerSpec
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
+from smg.shared.link import is_redis_url
 
 log = logging.getLogger("smg.launch")
 
@@ -202,6 +203,8 @@ def build_config(
         raise LaunchError("--header-read-timeout-secs must be positive")
     if max_connections is not None and max_connections < 1:
         raise LaunchError("--max-connections must be at least 1")
+    if router.worker_registry is not None and not is_redis_url(router.worker_registry):
+        raise LaunchError(f"--worker-registry takes a redis:// URL, got {router.worker_registry!r}")
     retention = _journal_settings(journal_path, journal_retention, journal_bodies)
     return GatewayConfig(
         host=host,
@@ -297,7 +300,13 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
     specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
     specs += [WorkerSpec(url=url, role="encode", bootstrap_port=port) for url, port in config.encode_urls]
-    return Router(config.router, connectors), specs
+    router = Router(config.router, connectors)
+    if config.router.worker_registry:
+        from smg.routing.shared_registry import SharedWorkers
+        from smg.shared.link import link
+
+        router.shared = SharedWorkers(link(config.router.worker_registry), router)
+    return router, specs
 
 
 def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
