@@ -99,7 +99,7 @@ class FleetLimiter:
         self.link = link
         self.fail_open = shared.fail_open
         self.lease_secs = shared.lease_secs
-        self._replica = _replica_id()
+        self._replica = _replica_id()  # made again at start: each forked process is a replica
         self._generation = 0
         self._held: dict[str, int] = {}  # slots this replica holds, per lease
         self._waiters: deque[asyncio.Future[str]] = deque()
@@ -123,6 +123,7 @@ class FleetLimiter:
     # lifecycle
 
     async def start(self) -> None:
+        self._replica = _replica_id()
         self._wake = asyncio.Event()
         self._spawn(self._heartbeat(), "smg-fleet-heartbeat")
         self._spawn(self._listen(), "smg-fleet-freed")

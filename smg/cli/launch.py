@@ -305,7 +305,8 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
         from smg.routing.shared_registry import SharedWorkers
         from smg.shared.link import link
 
-        router.shared = SharedWorkers(link(config.router.worker_registry), router)
+        down = "the worker registry keeps the workers it knows and refuses changes (503) until it returns"
+        router.shared = SharedWorkers(link(config.router.worker_registry, down), router)
     return router, specs
 
 

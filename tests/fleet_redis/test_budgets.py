@@ -30,8 +30,9 @@ default_policy: {tokens_per_minute: 100000, requests_per_minute: 6000}
 tenants:
   - {tenant_key: "auth:three", tokens_per_minute: 100000, requests_per_minute: 3}
   - {tenant_key: "auth:debtor", tokens_per_minute: 60, requests_per_minute: 600}
+  - {tenant_key: "auth:tokens", tokens_per_minute: 100, requests_per_minute: 6000}
 """
-TENANTS = ("three", "debtor", "other")
+TENANTS = ("three", "debtor", "tokens", "other")
 BODY = {"model": MODEL, "max_tokens": 400, "messages": USER}
 
 
@@ -95,6 +96,33 @@ def test_three_replicas_give_a_tenant_one_budget(
     bucket = redis_client.hgetall("smg:budget:tenant\x1fauth:three")
     assert float(bucket["requests"]) < 1
     assert 0 < redis_client.pttl("smg:budget:tenant\x1fauth:three") <= 61_000  # expires once full again
+
+
+def test_concurrent_reservations_on_three_replicas_never_spend_more_than_the_budget(
+    replicas: list[Spawned], engine_control: EngineControl, redis_client: redis.Redis
+) -> None:
+    engine_control.script(default={"text": "ok"})
+    measured = httpx.post(f"{replicas[0].url}/v1/messages", json=BODY, headers=key("other"), timeout=30)
+    prompt = measured.json()["usage"]["input_tokens"]
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        answers = list(
+            pool.map(
+                lambda i: httpx.post(
+                    f"{replicas[i % 3].url}/v1/messages", json=BODY, headers=key("tokens"), timeout=30
+                ),
+                range(12),
+            )
+        )
+    elapsed = time.monotonic() - start
+    served = [a for a in answers if a.status_code == 200]
+    # Each admission debits its prompt from the one bucket (100 a minute, refilling): the
+    # prompts admitted fit in it; only the answers' few output tokens can go past it.
+    assert 1 <= len(served) <= (100 + elapsed * 100 / 60) // prompt, [a.status_code for a in answers]
+    assert all(a.status_code == 429 for a in answers if a.status_code != 200)
+    output = sum(a.json()["usage"]["output_tokens"] for a in served)
+    tokens = float(redis_client.hget("smg:budget:tenant\x1fauth:tokens", "tokens") or "nan")
+    assert tokens >= 100 - len(served) * prompt - output
 
 
 def test_debt_settled_on_one_replica_is_seen_by_the_others_and_survives_restarts(
