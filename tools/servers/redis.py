@@ -51,6 +51,8 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         if self.running:
             return self
+        if not Path(REDIS_SERVER).exists():
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install -y redis-server)")
         self._runs += 1
         log_path = self.dir / f"redis-{self._runs}.log"
         args = [
