@@ -138,6 +138,30 @@ def test_a_killed_replica_gives_its_slots_back_when_its_lease_expires(
     assert held_slots(redis_client) == 0
 
 
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_a_live_replica_keeps_its_slots_past_the_lease_by_renewing_it(
+    pair: list[Spawned], engine_control: EngineControl, redis_client: redis.Redis
+) -> None:
+    a, b = pair
+    engine_control.script(default=HELD)
+    with httpx.Client(base_url=a.url, timeout=30) as client:
+        held = [HeldStream(client, new_id()) for _ in range(3)]
+        try:
+            [(lease, first_expiry)] = redis_client.zrange("smg:fleet:leases", 0, -1, withscores=True)
+            # Past the expiry the lease had when taken: the heartbeat has moved it on.
+            eventually(lambda: _redis_ms(redis_client) > first_expiry + 200, timeout=LEASE_SECS * 3, what="time")
+            assert redis_client.zscore("smg:fleet:leases", lease) > first_expiry
+            assert held_slots(redis_client) == 3
+            _shed(httpx.post(f"{b.url}/v1/messages", json=BODY, timeout=30))
+        finally:
+            for stream in held:
+                stream.close()
+
+
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_redis_down_refuses_or_admits_as_the_failure_mode_says(
     adm_engine: Spawned, redis_server: RedisServer, engine_control: EngineControl, mode: str
