@@ -135,7 +135,11 @@ class Limiter:
             pass
 
 
-_DECISIONS = {"admission_queue_full": "queue_full", "admission_queue_timeout": "queue_timeout"}
+_DECISIONS = {
+    "admission_queue_full": "queue_full",
+    "admission_queue_timeout": "queue_timeout",
+    "shared_state_unavailable": "unavailable",  # --fleet-concurrency with Redis away, failing closed
+}
 
 
 class Slots(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -87,7 +88,11 @@ def test_two_replicas_serve_exactly_the_fleet_limit_at_once(
 
 
 def test_a_request_queued_on_one_replica_takes_the_slot_freed_on_the_other(
-    adm_engine: Spawned, redis_server: RedisServer, engine_control: EngineControl, redis_client: redis.Redis, tmp_path
+    adm_engine: Spawned,
+    redis_server: RedisServer,
+    engine_control: EngineControl,
+    redis_client: redis.Redis,
+    tmp_path: Path,
 ) -> None:
     journal = tmp_path / "b.db"
     a = replica(adm_engine, redis_server.url, 1, "--queue-size", "4", "--queue-timeout-secs", "30")
@@ -166,19 +171,23 @@ def test_a_live_replica_keeps_its_slots_past_the_lease_by_renewing_it(
 
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_redis_down_refuses_or_admits_as_the_failure_mode_says(
-    adm_engine: Spawned, redis_server: RedisServer, engine_control: EngineControl, mode: str
+    adm_engine: Spawned, redis_server: RedisServer, engine_control: EngineControl, mode: str, tmp_path: Path
 ) -> None:
     engine_control.script(default={"text": "ok"})
-    gateway = replica(adm_engine, redis_server.url, 2, "--redis-failure-mode", mode)
+    journal = tmp_path / "journal.db"
+    gateway = replica(adm_engine, redis_server.url, 2, "--redis-failure-mode", mode, journal=journal)
     try:
         assert httpx.post(f"{gateway.url}/v1/messages", json=BODY, timeout=30).status_code == 200
         redis_server.stop()
         for _ in range(3):
-            down = httpx.post(f"{gateway.url}/v1/messages", json=BODY, timeout=30)
+            rid = new_id()
+            down = httpx.post(f"{gateway.url}/v1/messages", json=BODY, headers={"x-request-id": rid}, timeout=30)
             if mode == "closed":
                 assert down.status_code == 503, down.text
                 assert down.headers["x-smg-error-code"] == "shared_state_unavailable"
                 assert down.json()["error"]["type"] == "overloaded_error"
+                [gate] = [e for e in events_until(journal, rid, "completed") if isinstance(e, Admission)]
+                assert gate.decision == "unavailable"
             else:
                 assert down.status_code == 200, down.text
         assert gateway.log().count("is unreachable") == 1, gateway.log()
