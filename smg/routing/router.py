@@ -251,8 +251,9 @@ class Router:
 
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Register a worker at run time; it is discovered in the background and routed to
-        once it answers. With a shared registry the fleet has it first (raises
-        `DuplicateWorker` when another replica has its URL, `SharedStateDown` when Redis is away)."""
+        once it answers. With a shared registry the fleet registers it before it is discovered
+        (raises `DuplicateWorker` when another replica has its URL, `SharedStateDown` when Redis
+        is away; either way it is taken out again)."""
         worker = self._register(spec, source="api")
         if self.shared is not None:
             try:

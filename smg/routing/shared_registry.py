@@ -7,9 +7,9 @@ Redis holds a hash `smg:workers` (worker id → the worker as it was asked for),
 the version and publish the change, with its version, on `smg:workers:changes`. Every replica
 subscribes, then loads the whole set (and its version, in one transaction) and applies only
 the changes past it; it does so again on every reconnect, so a message missed while the
-connection was down heals. No replica polls. A replica adds a worker to Redis first and to
-its own registry second, so a worker the fleet refuses (its URL taken, or Redis away) is
-never routed to anywhere.
+connection was down heals. No replica polls. A replica checks a new worker against its own
+registry, has Redis register it, and only then discovers and routes to it: a worker the fleet
+refuses (its URL taken, or Redis away) is taken out again and never routed to anywhere.
 
 What stays per replica: the workers of `--worker-urls` (each replica's command line, never
 written to Redis; a shared worker whose URL one replica has as a static worker is left out
@@ -113,6 +113,7 @@ class SharedWorkers:
 
     async def add(self, worker_id: str, spec: WorkerSpec) -> None:
         """Register the worker in the fleet. Raises WorkerUrlTaken, SharedStateDown."""
+        spec = dataclasses.replace(spec, url=spec.url.rstrip("/"))  # one URL, however it was written
         added, value = await self._run(ADD, [WORKERS, URLS, VERSION, CHANGES], [worker_id, spec.url, _spec_json(spec)])
         if not added:
             raise WorkerUrlTaken(str(value))

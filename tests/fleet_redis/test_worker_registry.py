@@ -108,7 +108,7 @@ def test_a_url_is_registered_once_in_the_fleet(pair: list[Spawned], added_worker
     a, b = pair
     first = httpx.post(f"{a.url}/workers", json={"url": added_worker.url}, timeout=5)
     assert first.status_code == 202
-    twice = httpx.post(f"{b.url}/workers", json={"url": added_worker.url}, timeout=5)
+    twice = httpx.post(f"{b.url}/workers", json={"url": added_worker.url + "/"}, timeout=5)
     assert twice.status_code == 409, twice.text
     assert twice.json()["code"] == "WORKER_ALREADY_EXISTS"
     assert first.json()["worker_id"] in twice.json()["error"]
