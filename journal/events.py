@@ -325,7 +325,9 @@ class Admission(Event):
     `gate` is `concurrency` (a slot of `--max-concurrent-requests`; `queued_ms` is the time the
     request waited for it) or `tenant_rate_limit` (the tenant's token budget; `reserved_tokens`
     is what was debited, the rendered prompt's tokens). `decision`: `admitted`, `queue_full`,
-    `queue_timeout` or `denied`; a refusal is followed by the `error` the client got.
+    `queue_timeout`, `denied` or `unavailable` (the shared budgets or fleet-wide slots in Redis
+    could not be read);
+    a refusal is followed by the `error` the client got.
     """
 
     kind: ClassVar[str] = "admission"

@@ -26,9 +26,11 @@ from typing import Any
 from journal.events import Admission, Block, Event, Rendered, Routed, Settled
 from smg.admission.ledger import Decision, Ledger, MemoryLedger, SqliteLedger
 from smg.admission.policy import PolicySet, Scope, load_policy
-from smg.admission.refusal import Refused
+from smg.admission.redis_ledger import RedisLedger
+from smg.admission.refusal import Refused, shared_state_unavailable
 from smg.backends.base import Call
 from smg.flags import option
+from smg.shared.link import SharedStateConfig, is_redis_url, link
 
 Handler = Callable[[Call], AsyncGenerator[Event, None]]
 IN_MEMORY = "memory"
@@ -53,6 +55,7 @@ class RateLimitConfig:
         metadata=option(
             "--tenant-rate-limit-state",
             "SQLite file holding the budgets, shared by every gateway naming it and kept across restarts; "
+            "redis://HOST:PORT/DB shares them with every replica on any host; "
             "'memory' keeps them in this process only.",
         ),
     )
@@ -65,10 +68,14 @@ class RateLimitConfig:
             raise ValueError("--tenant-rate-limit-enabled needs --tenant-rate-limit-config FILE")
         return load_policy(Path(self.config), trust_tenant_header=trust_tenant_header)
 
-    def ledger(self) -> Ledger:
+    def ledger(self, shared: SharedStateConfig | None = None) -> Ledger:
         """Where the budgets live. Raises ValueError when the state file cannot be opened."""
         if self.state == IN_MEMORY:
             return MemoryLedger()
+        if is_redis_url(self.state):
+            fail_open = shared is not None and shared.fail_open
+            down = "tenant budgets " + ("admit uncharged" if fail_open else "refuse with 503") + " until it returns"
+            return RedisLedger(link(self.state, down), fail_open=fail_open)
         try:
             return SqliteLedger(Path(self.state))
         except sqlite3.Error as exc:
@@ -76,6 +83,8 @@ class RateLimitConfig:
 
 
 def exceeded(decision: Decision) -> Refused:
+    if decision.unavailable:
+        return shared_state_unavailable("the shared tenant budgets are unreachable")
     headers = {"Retry-After": str(decision.retry_after)} if decision.retry_after else {}
     return Refused(
         429, "Tenant rate limit exceeded for this request", code="tenant_rate_limit_exceeded", headers=headers
@@ -100,6 +109,12 @@ class Budgets:
 
     def close(self) -> None:
         self.ledger.close()
+
+
+def _decision(decision: Decision) -> str:
+    if decision.allowed:
+        return "admitted"
+    return "unavailable" if decision.unavailable else "denied"
 
 
 def _charged(call: Call) -> bool:
@@ -141,7 +156,7 @@ def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
                         yield event
                         yield Admission(
                             gate="tenant_rate_limit",
-                            decision="admitted" if decision.allowed else "denied",
+                            decision=_decision(decision),
                             tenant=tenant,
                             reserved_tokens=reserved if decision.allowed else None,
                             retry_after=decision.retry_after,

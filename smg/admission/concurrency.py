@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from journal.events import Admission, Event
 from smg.admission.refusal import Refused
@@ -44,6 +45,14 @@ class ConcurrencyConfig:
     queue_timeout_secs: float = field(
         default=60.0, metadata=option("--queue-timeout-secs", "Longest wait for a slot (503 after it).")
     )
+    fleet: str | None = field(
+        default=None,
+        metadata=option(
+            "--fleet-concurrency",
+            "redis://HOST:PORT/DB: count --max-concurrent-requests across every replica naming this server "
+            "(slots are leases that expire with their replica, see --fleet-lease-secs).",
+        ),
+    )
 
     @property
     def enabled(self) -> bool:
@@ -67,6 +76,7 @@ class Admitted:
 
     queued_s: float
     queued: bool
+    lease: str | None = None  # a fleet-wide slot's lease (`smg.admission.fleet`); None for a local one
 
 
 class Limiter:
@@ -109,7 +119,7 @@ class Limiter:
             self._forget(waiter)
         return Admitted(time.perf_counter() - start, queued=True)
 
-    def release(self) -> None:
+    def release(self, admitted: Admitted | None = None) -> None:
         """A request ended: its slot goes to the first live waiter, else back to the pool."""
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -125,10 +135,22 @@ class Limiter:
             pass
 
 
-_DECISIONS = {"admission_queue_full": "queue_full", "admission_queue_timeout": "queue_timeout"}
+_DECISIONS = {
+    "admission_queue_full": "queue_full",
+    "admission_queue_timeout": "queue_timeout",
+    "shared_state_unavailable": "unavailable",  # --fleet-concurrency with Redis away, failing closed
+}
 
 
-def concurrency_layer(limiter: Limiter) -> Callable[[Handler], Handler]:
+class Slots(Protocol):
+    """A concurrency limiter: this process's (`Limiter`) or the fleet's (`FleetLimiter`)."""
+
+    async def acquire(self) -> Admitted: ...
+
+    def release(self, admitted: Admitted | None = None) -> None: ...
+
+
+def concurrency_layer(limiter: Slots) -> Callable[[Handler], Handler]:
     """Each request holds a slot from before routing until its last event (or its cancellation)."""
 
     def layer(inner: Handler) -> Handler:
@@ -155,7 +177,7 @@ def concurrency_layer(limiter: Limiter) -> Callable[[Handler], Handler]:
                     async for event in events:
                         yield event
             finally:
-                limiter.release()
+                limiter.release(admitted)
 
         return handle
 

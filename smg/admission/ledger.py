@@ -41,6 +41,7 @@ class Bucket:
 class Decision:
     allowed: bool
     retry_after: int | None = None  # seconds until it would fit; None: it never fits the scope
+    unavailable: bool = False  # the shared budgets could not be read (Redis away, failing closed)
 
 
 def full(limits: Limits, now: float) -> Bucket:

@@ -24,6 +24,7 @@ from smg.routing.router import Router, WorkerRefused, WorkerSpec, gateway_itself
 from smg.routing.self_address import ListeningAddress
 from smg.routing.worker_urls import check_worker_url
 from smg.routing.workers import ENGINE_RUNTIMES, worker_kind
+from smg.shared.link import is_redis_url
 
 log = logging.getLogger("smg.launch")
 
@@ -209,6 +210,8 @@ def build_config(
         raise LaunchError("--header-read-timeout-secs must be positive")
     if max_connections is not None and max_connections < 1:
         raise LaunchError("--max-connections must be at least 1")
+    if router.worker_registry is not None and not is_redis_url(router.worker_registry):
+        raise LaunchError(f"--worker-registry takes a redis:// URL, got {router.worker_registry!r}")
     retention = _journal_settings(journal_path, journal_retention, journal_bodies)
     return GatewayConfig(
         host=host,
@@ -322,7 +325,14 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     specs += [WorkerSpec(url=url, role="prefill", bootstrap_port=port) for url, port in config.prefill_urls]
     specs += [WorkerSpec(url=url, role="decode") for url in config.decode_urls]
     specs += [WorkerSpec(url=url, role="encode", bootstrap_port=port) for url, port in config.encode_urls]
-    return Router(config.router, connectors, listening=ListeningAddress(config.host, config.port)), specs
+    router = Router(config.router, connectors, listening=ListeningAddress(config.host, config.port))
+    if config.router.worker_registry:
+        from smg.routing.shared_registry import SharedWorkers
+        from smg.shared.link import link
+
+        down = "the worker registry keeps the workers it knows and refuses changes (503) until it returns"
+        router.shared = SharedWorkers(link(config.router.worker_registry, down), router)
+    return router, specs
 
 
 def warn_if_admin_is_open(config: GatewayConfig, admission: Gates | None) -> bool:

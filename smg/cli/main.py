@@ -26,6 +26,7 @@ from smg.routing.policies import PolicyConfig
 from smg.routing.retry import RetryConfig
 from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
+from smg.shared.link import SharedStateConfig
 
 app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
@@ -239,6 +240,7 @@ def launch(
                 tenants=build_component(TenantConfig, flags),
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
+                shared=build_component(SharedStateConfig, flags),
             )
             observability.check()
             fetch = build_component(FetchConfig, flags)

@@ -68,4 +68,12 @@ class RouterConfig:
             "rank-pinned workers (URL@rank).",
         ),
     )
+    worker_registry: str | None = field(
+        default=None,
+        metadata=option(
+            "--worker-registry",
+            "redis://HOST:PORT/DB: workers added or removed through /workers on any replica naming this server "
+            "are routed to by all of them (the --worker-urls stay each replica's own).",
+        ),
+    )
     runtime: str | None = None  # --backend/--runtime: the engine runtime of gRPC workers, else detected

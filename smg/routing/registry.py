@@ -10,7 +10,11 @@ from smg.routing.workers import Role, Worker
 
 
 class DuplicateWorker(ValueError):
-    """A worker with this URL is registered already."""
+    """A worker with this URL is registered already (`worker_id`: the one, when known)."""
+
+    def __init__(self, message: str, worker_id: str | None = None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
 
 
 class WorkerRegistry:

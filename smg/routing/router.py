@@ -8,7 +8,8 @@ pool's policy picks the worker of each attempt (`Dispatch`). Without IGW only on
 worker is configured, and the same code path runs with one pool.
 
 The router also owns the worker lifecycle: static workers at start, workers added and removed
-at run time (`add_worker`, `remove_worker`), and the one health loop for all of them.
+at run time (`add_worker`, `delete_worker`; with `--worker-registry` through the fleet's
+registry in Redis, `shared_registry`), and the one health loop for all of them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from smg.routing.policies import (
 )
 from smg.routing.registry import DuplicateWorker, WorkerRegistry
 from smg.routing.self_address import ListeningAddress
+from smg.routing.shared_registry import SharedWorkers, WorkerUrlTaken
 from smg.routing.worker_urls import WorkerRefused, check_worker_url
 from smg.routing.workers import Connection, Role, Worker, worker_kind
 
@@ -139,6 +141,7 @@ class Router:
         self._tasks: set[asyncio.Task[None]] = set()
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
+        self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
 
     # lifecycle
 
@@ -147,9 +150,13 @@ class Router:
             await connector.start()
         workers = [self._register(spec, source="static") for spec in static]
         await asyncio.gather(*(self._discover(w) for w in workers))
+        if self.shared is not None:
+            await self.shared.start()
         self._monitor.start()
 
     async def close(self) -> None:
+        if self.shared is not None:
+            await self.shared.close()
         await self._monitor.close()
         for task in list(self._tasks):
             task.cancel()
@@ -167,7 +174,7 @@ class Router:
     def _connector_of(self, worker: Worker) -> Connector | None:
         return self._connectors.get(self.connector_key(worker))
 
-    def _register(self, spec: WorkerSpec, source: str) -> Worker:
+    def _register(self, spec: WorkerSpec, source: str, worker_id: str = "") -> Worker:
         url = spec.url.rstrip("/")
         try:
             connection: Connection = "http" if spec.external else worker_kind(url)
@@ -185,6 +192,7 @@ class Router:
             wildcard=spec.wildcard,
             source="api" if source == "api" else "static",
             breaker=CircuitBreaker(self.config.breaker),
+            id=worker_id,
         )
         if spec.external:
             if worker.runtime not in PROVIDER_MODEL_PREFIXES:
@@ -253,13 +261,43 @@ class Router:
 
     async def add_worker(self, spec: WorkerSpec) -> Worker:
         """Register a worker at run time; it is discovered in the background and routed to
-        once it answers. Raises `WorkerRefused`, having sent nothing to the URL."""
+        once it answers. Raises `WorkerRefused`, having sent nothing to the URL. With a shared
+        registry the fleet registers it before it is discovered (raises `DuplicateWorker` when
+        another replica has its URL, `SharedStateDown` when Redis is away; either way it is taken
+        out again)."""
         check_worker_url(spec.url, provider=spec.provider if spec.external else None, config=self.config.urls)
         if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
             raise gateway_itself(spec.url)
         worker = self._register(spec, source="api")
-        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        if self.shared is not None:
+            try:
+                await self.shared.add(worker.id, spec)
+            except WorkerUrlTaken as taken:
+                self.registry.remove(worker.id)
+                message = f"a worker with URL {worker.key} is registered already"
+                raise DuplicateWorker(message, taken.worker_id) from None
+            except BaseException:
+                self.registry.remove(worker.id)
+                raise
+        self.spawn_discovery(worker)
         return worker
+
+    def register(self, spec: WorkerSpec, worker_id: str) -> Worker:
+        """A worker another replica added (its id is the fleet's); discovered by the caller."""
+        return self._register(spec, source="api", worker_id=worker_id)
+
+    async def discover_worker(self, worker: Worker) -> None:
+        await self._discover(worker)
+
+    def spawn_discovery(self, worker: Worker) -> None:
+        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+
+    async def delete_worker(self, worker_id: str) -> Worker | None:
+        """`DELETE /workers/{id}`: out of the fleet's registry first (raises `SharedStateDown`
+        when Redis is away), then out of this replica's."""
+        if self.shared is not None:
+            await self.shared.remove(worker_id)
+        return self.remove_worker(worker_id)
 
     def remove_worker(self, worker_id: str) -> Worker | None:
         """No new request goes to the worker; the ones in flight finish."""

@@ -30,6 +30,8 @@ from smg.server.cors import CorsPolicy
 from smg.server.models import list_models, retrieve_model
 from smg.server.request_id import resolve_request_ids
 from smg.server.state import Gateway
+from smg.shared import link as shared_link
+from smg.shared.link import RedisCollector
 
 log = logging.getLogger("smg.server")
 
@@ -134,6 +136,7 @@ def build_app(
         meter = metrics.install(observability.buckets())
         meter.state.workers = router.registry.all
         meter.state.journal = lambda: journal.stats
+        meter.registry.register(RedisCollector())
         metrics_server.append(MetricsServer(meter, observability.prometheus_host, observability.prometheus_port))
 
         @app.signal("http.lifecycle.begin")
@@ -151,6 +154,7 @@ def build_app(
         for server in metrics_server:
             await server.start()
         await journal.start()
+        await admission.start()
         await router.start(static)
         # What start-up built (modules, the app, routes, schemas, templates) lives as long as the
         # process: out of the collector's sight, a full collection walks only what requests
@@ -160,7 +164,9 @@ def build_app(
     @app.after_server_stop
     async def _stop(app: Sanic[Any, Any]) -> None:
         await router.close()
+        await admission.stop()
         admission.close()
+        await shared_link.close_all()
         await journal.close()
         for server in metrics_server:
             await server.close()

@@ -20,6 +20,7 @@ from smg.routing.registry import DuplicateWorker
 from smg.routing.router import PROVIDER_MODEL_PREFIXES, WorkerRefused, WorkerSpec
 from smg.routing.workers import ROLES, Role, Worker
 from smg.server.state import Gateway
+from smg.shared.link import SharedStateDown
 
 _SCHEMES = ("http://", "https://", "grpc://", "ipc://")
 
@@ -30,6 +31,11 @@ def _error(status: int, message: str, code: str) -> HTTPResponse:
 
 def _bad(message: str) -> HTTPResponse:
     return _error(400, message, "BAD_REQUEST")
+
+
+def _registry_down() -> HTTPResponse:
+    """`--worker-registry`: the fleet's registry is unreachable, so no replica changes it."""
+    return _error(503, "The shared worker registry is unreachable; try again", "WORKER_REGISTRY_UNAVAILABLE")
 
 
 def _status(worker: Worker) -> str:
@@ -130,9 +136,9 @@ async def add(request: Any) -> HTTPResponse:
         return _bad(spec)
     try:
         worker = await gateway.router.add_worker(spec)
-    except DuplicateWorker:
+    except DuplicateWorker as duplicate:
         existing = gateway.router.registry.by_url(spec.url.rstrip("/"))
-        wid = existing.id if existing is not None else "?"
+        wid = existing.id if existing is not None else (duplicate.worker_id or "?")
         return _error(
             409,
             f"Worker already exists at URL '{spec.url}' with ID {wid}. Remove it first (DELETE /workers/{wid}).",
@@ -140,6 +146,8 @@ async def add(request: Any) -> HTTPResponse:
         )
     except WorkerRefused as exc:
         return _error(400, str(exc), exc.code)
+    except SharedStateDown:
+        return _registry_down()
     location = f"/workers/{worker.id}"
     return json_response(
         {
@@ -185,7 +193,10 @@ async def remove(request: Any, worker_id: str) -> HTTPResponse:
     found = _lookup(gateway, worker_id)
     if isinstance(found, HTTPResponse):
         return found
-    gateway.router.remove_worker(found.id)
+    try:
+        await gateway.router.delete_worker(found.id)
+    except SharedStateDown:
+        return _registry_down()
     return json_response(
         {"status": "accepted", "worker_id": found.id, "message": "Worker removal queued for background processing"},
         status=202,

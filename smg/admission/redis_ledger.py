@@ -1,0 +1,152 @@
+"""Token budgets in Redis (`--tenant-rate-limit-state redis://…`): the buckets of `ledger`,
+shared by every replica on every host that names the server.
+
+Each reservation and each settlement is ONE Lua script (sent as EVALSHA, loaded again on
+NOSCRIPT), so Redis runs the read, refill, check and debit of every scope of a request with
+nothing in between: any number of replicas draw from one budget. The scripts read the time
+from Redis (`TIME`), not from the replicas, so hosts whose clocks disagree still refill one
+bucket at one rate. A bucket is a hash `smg:budget:<scope>` (tokens, requests, updated) that
+expires when it would be full again: a missing key is a full bucket, so nothing is pruned by
+hand. A gateway restart resumes the buckets where they are; so does a Redis restart when the
+server persists (`appendonly yes`), else the buckets start full again.
+
+With the server unreachable, a reservation is allowed uncharged (`--redis-failure-mode open`)
+or refused with 503 `shared_state_unavailable` (closed, the default); a settlement that
+cannot be written is dropped (its request's output goes uncharged). Either way the link logs
+one line, not one per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from smg.admission.ledger import Decision
+from smg.admission.policy import Scope
+from smg.shared.link import RedisLink, redis_errors
+
+PREFIX = "smg:budget:"
+UNAVAILABLE_RETRY_AFTER = 2
+
+# Shared by both scripts: a bucket refilled to now, and its write with the expiry that makes a
+# full bucket the same as no key.
+_BUCKET = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function load(key, tcap, rcap)
+  local h = redis.call('HMGET', key, 'tokens', 'requests', 'updated')
+  if not h[1] then return tcap, rcap, now end
+  local updated = tonumber(h[3])
+  local elapsed = math.max(0, now - updated)
+  return math.min(tcap, tonumber(h[1]) + elapsed * tcap / 60),
+         math.min(rcap, tonumber(h[2]) + elapsed * rcap / 60),
+         math.max(now, updated)
+end
+local function store(key, tokens, requests, updated, tcap, rcap)
+  local full_in = math.max((tcap - tokens) / (tcap / 60), (rcap - requests) / (rcap / 60))
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens),
+             'requests', string.format('%.17g', requests), 'updated', string.format('%.17g', updated))
+  redis.call('PEXPIRE', key, math.ceil(full_in * 1000) + 1000)
+end
+"""
+
+# KEYS: the scopes' buckets. ARGV: tokens, then each scope's tokens and requests per minute.
+# Returns {1, 0} (debited), {0, seconds} (retry then), {0, -1} (more than the scope ever holds).
+RESERVE = (
+    _BUCKET
+    + """
+local want = tonumber(ARGV[1])
+local held = {}
+local allowed, never, wait = true, false, 0
+for i, key in ipairs(KEYS) do
+  local tcap, rcap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local tokens, requests, updated = load(key, tcap, rcap)
+  held[i] = {tokens, requests, updated, tcap, rcap}
+  if not (tokens >= want and requests >= 1) then
+    allowed = false
+    if want > tcap then
+      never = true
+    else
+      local w = 0
+      if tokens < want then w = math.max(w, (want - tokens) / (tcap / 60)) end
+      if requests < 1 then w = math.max(w, (1 - requests) / (rcap / 60)) end
+      wait = math.max(wait, math.max(1, math.ceil(w)))
+    end
+  end
+end
+if not allowed then
+  if never then return {0, -1} end
+  return {0, wait}
+end
+for i, key in ipairs(KEYS) do
+  local b = held[i]
+  store(key, b[1] - want, b[2] - 1, b[3], b[4], b[5])
+end
+return {1, 0}
+"""
+)
+
+# KEYS: the scopes' buckets. ARGV: delta (tokens used beyond the reservation; negative gives
+# back), then each scope's tokens and requests per minute.
+SETTLE = (
+    _BUCKET
+    + """
+local delta = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local tcap, rcap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local tokens, requests, updated = load(key, tcap, rcap)
+  store(key, math.min(tcap, tokens - delta), requests, updated, tcap, rcap)
+end
+return 1
+"""
+)
+
+
+def _args(first: int, scopes: Sequence[Scope]) -> list[int]:
+    out = [first]
+    for scope in scopes:
+        out += [scope.limits.tokens_per_minute, scope.limits.requests_per_minute]
+    return out
+
+
+class RedisLedger:
+    """The buckets in Redis, shared by every replica naming the server."""
+
+    def __init__(self, link: RedisLink, *, fail_open: bool) -> None:
+        self.link = link
+        self.fail_open = fail_open
+        self._scripts: dict[str, Any] = {}
+
+    def _script(self, source: str) -> Any:
+        # redis-py's Script sends EVALSHA and, on NOSCRIPT (a restarted or flushed server),
+        # loads the source and sends it again.
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self.link.client.register_script(source)
+        return script
+
+    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
+        keys = [PREFIX + s.key for s in scopes]
+        try:
+            allowed, wait = await self._script(RESERVE)(keys=keys, args=_args(tokens, scopes), client=self.link.client)
+        except redis_errors() as exc:
+            self.link.failed(exc)
+            if self.fail_open:
+                return Decision(True)
+            return Decision(False, UNAVAILABLE_RETRY_AFTER, unavailable=True)
+        self.link.answered()
+        if allowed:
+            return Decision(True)
+        return Decision(False, None if wait < 0 else int(wait))
+
+    async def settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
+        keys = [PREFIX + s.key for s in scopes]
+        try:
+            await self._script(SETTLE)(keys=keys, args=_args(delta, scopes), client=self.link.client)
+        except redis_errors() as exc:
+            self.link.failed(exc)
+            return
+        self.link.answered()
+
+    def close(self) -> None:
+        self._scripts.clear()  # the link is closed with the others when the server stops

@@ -1,0 +1,151 @@
+"""The shared worker registry (`--worker-registry redis://…`): two replicas, each with a static
+scripted worker of its own, and a second scripted worker added at run time through one of them.
+Redis is a real redis-server; the replicas learn of changes from its change feed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import Scripted
+from tests.fleet_redis.conftest import eventually
+from tools.servers.redis import RedisServer
+from tools.spawn import Spawned, spawn_gateway, spawn_worker
+
+STATIC_MODEL = "static-model"
+ADDED_MODEL = "added-model"
+
+
+@pytest.fixture(scope="module")
+def static_worker() -> Iterator[Spawned]:
+    proc = spawn_worker(models=[STATIC_MODEL])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def added_worker() -> Iterator[Spawned]:
+    proc = spawn_worker(models=[ADDED_MODEL])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def replica(static: Spawned, url: str) -> Spawned:
+    return spawn_gateway([static.url], extra=["--worker-registry", url])
+
+
+@pytest.fixture
+def pair(static_worker: Spawned, redis_server: RedisServer) -> Iterator[list[Spawned]]:
+    started: list[Spawned] = []
+    try:
+        for _ in range(2):
+            started.append(replica(static_worker, redis_server.url))
+        yield started
+    finally:
+        for each in started:
+            each.stop()
+
+
+def listed(gateway: Spawned, url: str) -> dict[str, Any] | None:
+    workers = httpx.get(f"{gateway.url}/workers", timeout=5).json()["workers"]
+    return next((w for w in workers if w["url"] == url), None)
+
+
+def ready(gateway: Spawned, url: str) -> dict[str, Any] | None:
+    found = listed(gateway, url)
+    return found if found is not None and found["status"] == "ready" else None
+
+
+def ask(gateway: Spawned, model: str) -> httpx.Response:
+    body = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{gateway.url}/v1/messages", json=body, timeout=30)
+
+
+def test_a_worker_added_on_one_replica_is_routed_to_by_all_and_survives_a_restart(
+    pair: list[Spawned], static_worker: Spawned, added_worker: Spawned, redis_server: RedisServer
+) -> None:
+    a, b = pair
+    added = Scripted(added_worker.url)
+    added.reset()
+    posted = httpx.post(f"{a.url}/workers", json={"url": added_worker.url}, timeout=5)
+    assert posted.status_code == 202, posted.text
+    worker_id = posted.json()["worker_id"]
+    start = time.monotonic()
+    on_b = eventually(lambda: ready(b, added_worker.url), timeout=5, what="B serving the added worker")
+    print(f"added on A, ready on B after {time.monotonic() - start:.3f}s")
+    assert on_b["id"] == worker_id  # one id in the fleet
+    answer = ask(b, ADDED_MODEL)
+    assert answer.status_code == 200, answer.text
+    assert len(added.received()) == 1
+    # The static workers stay each replica's own: neither is in Redis.
+    assert redis.Redis.from_url(redis_server.url, decode_responses=True).hkeys("smg:workers") == [worker_id]
+
+    # Removed through B: A stops routing to it.
+    assert httpx.delete(f"{b.url}/workers/{worker_id}", timeout=5).status_code == 202
+    eventually(lambda: listed(a, added_worker.url) is None, timeout=5, what="A forgetting the removed worker")
+    assert ask(a, ADDED_MODEL).status_code == 404
+
+    # Added again, then A restarts: it loads the fleet's workers before it serves.
+    again = httpx.post(f"{b.url}/workers", json={"url": added_worker.url}, timeout=5)
+    assert again.status_code == 202, again.text
+    eventually(lambda: ready(a, added_worker.url), timeout=5, what="A serving the re-added worker")
+    a.stop()
+    pair[0] = a = replica(static_worker, redis_server.url)
+    assert ready(a, added_worker.url) is not None
+    assert ask(a, ADDED_MODEL).status_code == 200
+
+
+def test_a_url_is_registered_once_in_the_fleet(pair: list[Spawned], added_worker: Spawned) -> None:
+    a, b = pair
+    first = httpx.post(f"{a.url}/workers", json={"url": added_worker.url}, timeout=5)
+    assert first.status_code == 202
+    twice = httpx.post(f"{b.url}/workers", json={"url": added_worker.url + "/"}, timeout=5)
+    assert twice.status_code == 409, twice.text
+    assert twice.json()["code"] == "WORKER_ALREADY_EXISTS"
+    assert first.json()["worker_id"] in twice.json()["error"]
+
+
+def test_a_replica_reloads_the_whole_set_when_its_feed_reconnects(
+    pair: list[Spawned], added_worker: Spawned, redis_client: redis.Redis
+) -> None:
+    a, b = pair
+    worker_id = httpx.post(f"{a.url}/workers", json={"url": added_worker.url}, timeout=5).json()["worker_id"]
+    eventually(lambda: ready(b, added_worker.url), timeout=5, what="B serving the added worker")
+    # A change the feed never announced (as if its message were lost), then the feed's
+    # connections drop: each replica reloads the set and drops the worker.
+    redis_client.hdel("smg:workers", worker_id)
+    redis_client.hdel("smg:workers:urls", added_worker.url)
+    redis_client.incr("smg:workers:version")
+    redis_client.client_kill_filter(_type="pubsub")
+    for gateway in (a, b):
+        eventually(lambda g=gateway: listed(g, added_worker.url) is None, timeout=5, what="the reload")
+
+
+def test_redis_down_keeps_routing_and_refuses_changes_until_it_returns(
+    pair: list[Spawned], added_worker: Spawned, redis_server: RedisServer
+) -> None:
+    a, b = pair
+    worker_id = httpx.post(f"{a.url}/workers", json={"url": added_worker.url}, timeout=5).json()["worker_id"]
+    eventually(lambda: ready(b, added_worker.url), timeout=5, what="B serving the added worker")
+    redis_server.stop()
+    assert ask(b, ADDED_MODEL).status_code == 200  # the known workers are still routed to
+    refused = httpx.delete(f"{b.url}/workers/{worker_id}", timeout=5)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["code"] == "WORKER_REGISTRY_UNAVAILABLE"
+    assert ready(a, added_worker.url) is not None
+    redis_server.start()
+    # Back: the feed resubscribes, and changes reach every replica again.
+    removed = eventually(
+        lambda: httpx.delete(f"{b.url}/workers/{worker_id}", timeout=5).status_code == 202, what="a removal accepted"
+    )
+    assert removed
+    eventually(lambda: listed(a, added_worker.url) is None, timeout=5, what="A forgetting the removed worker")

@@ -1,0 +1,110 @@
+"""A real Redis server for tests: `redis-server` in a temporary directory on a free loopback
+port, stopped by PID (its process group) even when the test fails.
+
+`stop()` then `start()` restarts it on the same port (an outage, and the server coming back);
+with `appendonly=True` it keeps its data across that restart, as a persisting production
+server does. Nothing here is a fake: the gateway under test speaks to this process over TCP.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tools.spawn import Spawned, _live, free_port
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One redis-server process; `url` names its database 0."""
+
+    def __init__(self, root: Path | None = None, *, appendonly: bool = False, port: int | None = None) -> None:
+        self.dir = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="smg-redis-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self._proc: Spawned | None = None
+        self._runs = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        if self.running:
+            return self
+        if not Path(REDIS_SERVER).exists():
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install -y redis-server)")
+        self._runs += 1
+        log_path = self.dir / f"redis-{self._runs}.log"
+        args = [
+            REDIS_SERVER,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            "--logfile", "",
+        ]  # fmt: skip
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                args, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self._proc = Spawned(proc, self.url, log_path)
+        _live.add(self._proc)
+        deadline = time.monotonic() + timeout
+        while not _answers(self.port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                output = self._proc.log()
+                self._proc.stop(timeout=1.0)
+                raise RuntimeError(f"redis-server on port {self.port} did not start:\n{output[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM (it exits at once with `--save ""`), then SIGKILL; idempotent."""
+        if self._proc is not None:
+            self._proc.stop(timeout=5.0)
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL now: the server vanishes as in a crash."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.stop()
+            self._proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self._proc.log() if self._proc is not None else ""
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
