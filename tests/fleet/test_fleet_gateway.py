@@ -247,3 +247,26 @@ def test_postgresql_stopped_under_load_serving_goes_on_and_the_backlog_drains(
     assert len(shipped) == len(set(shipped))
     assert set(shipped) == _completed(journal)
     assert set(load.completed) <= _client_ids(sink, "web-1")
+
+
+def test_several_processes_on_one_file_ship_each_request_once(worker: Spawned, tmp_path: Path, pg_url: str) -> None:
+    sink = _init(pg_url)
+    journal = tmp_path / "j.db"
+    gateway = _replica(worker, journal, sink, "forked", "--workers", "2")
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as http:
+            for i in range(40):
+                body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                assert http.post("/v1/messages", json=body).status_code == 200
+        until(lambda: len(_shipped(sink, "forked")) >= 40, what="shipping")
+        until(lambda: sorted(_shipped(sink, "forked")) == sorted(_completed(journal)), what="all of it")
+        with psycopg.connect(sink) as conn:  # the process that does not hold the ship lock never connects
+            shippers = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'smg-shipper'"
+                " AND datname = current_database()"
+            ).fetchone()
+        assert shippers == (1,)
+    finally:
+        gateway.stop()
+    shipped = _shipped(sink, "forked")
+    assert len(shipped) == len(set(shipped)) == 40
