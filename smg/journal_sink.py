@@ -98,11 +98,17 @@ def prepare(sink: SinkConfig, journal_path: Path | None) -> None:
 
 
 def _stop_queueing(journal_path: Path) -> None:
-    from journal import schema as local_schema
+    import sqlite3
+
     from journal.pg import outbox
 
-    conn = local_schema.connect(journal_path)
+    # A plain connection: the writer migrates the file, and reports what it cannot open, as without a sink.
     try:
+        conn = sqlite3.connect(journal_path, isolation_level=None)
+    except sqlite3.Error:
+        return
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
         if outbox.installed(conn):
             left = outbox.uninstall(conn)
             log.warning(

@@ -270,3 +270,25 @@ def test_several_processes_on_one_file_ship_each_request_once(worker: Spawned, t
         gateway.stop()
     shipped = _shipped(sink, "forked")
     assert len(shipped) == len(set(shipped)) == 40
+
+
+def test_a_gateway_without_a_sink_stops_queueing_on_a_file_that_shipped(
+    worker: Spawned, tmp_path: Path, pg_url: str
+) -> None:
+    sink = _init(pg_url)
+    journal = tmp_path / "j.db"
+    shipping = _replica(worker, journal, sink, "was-shipping")
+    shipping.stop()
+    conn = sqlite3.connect(journal)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (4,)
+    conn.close()
+    plain = spawn_gateway([worker.url], journal=journal)
+    try:
+        body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{plain.url}/v1/messages", json=body, timeout=10).status_code == 200
+    finally:
+        plain.stop()
+    conn = sqlite3.connect(journal)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (0,)
+    conn.close()
+    assert "no longer ships" in plain.log()
