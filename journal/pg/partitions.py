@@ -9,6 +9,7 @@ creating the same day serialize on an advisory lock.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
@@ -22,16 +23,19 @@ TABLES: tuple[str, ...] = ("requests", "events", "request_text")
 AHEAD = 2
 """Days created ahead of today."""
 UNDATED = date(1970, 1, 1)
-"""The day of a request whose arrival time was never journaled."""
+"""The day of a request whose arrival time was never journaled (or is no time at all)."""
 _LOCK = 0x534D4750  # advisory lock key ("SMGP") held while creating or dropping partitions
 _NAME = re.compile(r"^(?P<table>[a-z_]+)_p(?P<day>\d{8})$")
 
 
 def day_of(ts: float | None) -> date:
     """The partition day of a request that arrived at `ts` (epoch seconds)."""
-    if ts is None:
+    if ts is None or not math.isfinite(ts):
         return UNDATED
-    return datetime.fromtimestamp(ts, UTC).date()
+    try:
+        return datetime.fromtimestamp(ts, UTC).date()
+    except (OverflowError, OSError, ValueError):  # a time no calendar day holds: filed as undated
+        return UNDATED
 
 
 def name(table: str, day: date) -> str:

@@ -14,7 +14,7 @@ typed: an upstream's usage may put a string there) becomes NULL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
@@ -28,6 +28,7 @@ from journal.pg.schema import INTEGER_COLUMNS, REAL_COLUMNS
 _COLUMNS = local_schema.REQUEST_COLUMNS
 _COLS = ", ".join(_COLUMNS)
 _INT64 = 1 << 63
+_INT32 = -(1 << 31)
 
 
 def _type(column: str) -> str:
@@ -123,6 +124,7 @@ class Rows:
     requests: list[tuple[Any, ...]]  # (day, local rk, *REQUEST_COLUMNS)
     events: list[tuple[Any, ...]]  # (local rk, seq, kind, t, data bytes)
     texts: list[tuple[int, Any]]  # (local rk, body)
+    refused: list[str] = field(default_factory=list)  # ids of requests left out: see `rows`
 
     @property
     def days(self) -> set[date]:
@@ -131,17 +133,29 @@ class Rows:
 
 
 def rows(batch: Batch) -> Rows:
-    """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended)."""
-    requests = []
+    """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended).
+
+    A request with an event binary COPY would not carry faithfully (a number past the column's
+    32 bits would wrap, not fail) is left out whole, its id in `refused`."""
+    bad = {
+        rk
+        for rk, seq, _, t, _ in batch.events
+        if type(seq) is not int or not _INT32 <= seq < -_INT32 or not isinstance(t, int | float)
+    }
+    requests, refused = [], []
     for row in batch.requests:
+        if row[0] in bad:
+            refused.append(str(row[1]))
+            continue
         values = [cast(v) for cast, v in zip(_CASTS, row[1:], strict=True)]
         requests.append((partitions.day_of(values[_TS]), row[0], *values))
     events = [
-        (rk, seq, kind, t, data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data))
+        (rk, seq, kind, float(t), data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data))
         for rk, seq, kind, t, data in batch.events
+        if rk not in bad
     ]
-    texts = [(rk, _text(body)) for rk, body in batch.texts]
-    return Rows(batch.keys, requests, events, texts)
+    texts = [(rk, _text(body)) for rk, body in batch.texts if rk not in bad]
+    return Rows(batch.keys, requests, events, texts, refused)
 
 
 def write(conn: psycopg.Connection[Any], replica: str, batch: Rows) -> Shipped:

@@ -89,6 +89,7 @@ class Shipper:
         self._days: set[date] = set()
         self._failing_since: float | None = None
         self._backlog_at = 0.0
+        self._pinged = 0.0
         self._stats: dict[str, float] = {
             "shipping": 0,
             "unshipped": 0,
@@ -149,18 +150,20 @@ class Shipper:
                     if self._stop.wait(1.0):
                         return
                     continue
-                after = inflight[1].keys[-1] if inflight is not None else None
-                keys = [] if late else outbox.next_keys(local, self.batch_size, after)
-                ready = ship.rows(outbox.read(local, keys)) if keys else None
                 try:
+                    after = inflight[1].keys[-1] if inflight is not None else None
+                    keys = [] if late else outbox.next_keys(local, self.batch_size, after)
+                    ready = ship.rows(outbox.read(local, keys)) if keys else None
                     if inflight is not None:
                         future, sent = inflight
                         inflight = None
                         self._shipped(local, sent, future.result())
                     if ready is None:
-                        self._touch()  # nothing to send: still say whether PostgreSQL answers
-                except psycopg.Error as exc:
-                    self._failed(exc)  # what was read ahead is read again from the queue
+                        self._touch(idle=True)  # nothing to send: still say whether PostgreSQL answers
+                except Exception as exc:
+                    # What was read ahead is read again from the queue; a batch still in flight
+                    # (the local file failed) is collected on the next round.
+                    self._failed(exc)
                     if drain_until is not None or self._stop.wait(retry):
                         return
                     retry = min(retry * 2, _RETRY_MAX_S)
@@ -213,9 +216,13 @@ class Shipper:
         self._pg = conn
         return conn
 
-    def _touch(self) -> psycopg.Connection[Any]:
-        """The connection, with the days ahead created (raises when PostgreSQL does not answer)."""
+    def _touch(self, *, idle: bool = False) -> psycopg.Connection[Any]:
+        """The connection, with the days ahead created (raises when PostgreSQL does not answer).
+        `idle`: nothing is being sent, so ask the server once a second whether it is there."""
         pg = self._connection()
+        if idle and time.monotonic() - self._pinged >= _BACKLOG_EVERY_S:
+            pg.execute("SELECT 1")
+            self._pinged = time.monotonic()
         ahead = [d for d in partitions.ahead() if d not in self._days]
         if ahead:
             partitions.ensure(pg, ahead)
@@ -241,6 +248,9 @@ class Shipper:
     def _shipped(self, local: sqlite3.Connection, batch: ship.Rows, shipped: ship.Shipped) -> None:
         outbox.done(local, batch.keys)
         stats = self._stats
+        for request_id in batch.refused:
+            stats["refused"] += 1
+            log.error("journal sink: request %s holds an event PostgreSQL cannot hold; not shipped", request_id)
         stats["batches"] += 1
         stats["requests_shipped"] += shipped.requests
         stats["events_shipped"] += shipped.events
@@ -291,9 +301,12 @@ class Shipper:
     def _failed(self, exc: Exception) -> None:
         self._stats["failures"] += 1
         self._stats["shipping"] = 0
-        if self._pg is not None:
-            self._pg.close()
-            self._pg = None
+        if isinstance(exc, psycopg.Error):
+            if self._pg is not None:  # nothing is in flight: the error came from collecting it, or from idle
+                self._pg.close()
+                self._pg = None
+        elif self._failing_since is None:
+            log.exception("journal sink: shipping from %s failed", self.path)
         if self._failing_since is None:
             self._failing_since = time.monotonic()
             log.error(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,29 @@ async def test_a_file_that_no_longer_ships_is_left_as_without_a_sink(tmp_path: P
     assert outbox.uninstall(conn) == 20
     assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} == before
     conn.close()
+
+
+async def test_requests_postgresql_cannot_hold_do_not_stop_the_others(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(50))
+    conn = local_schema.connect(path)
+    outbox.install(conn)
+    # An event number past 32 bits (binary COPY would wrap it: left out before sending), an event
+    # kind PostgreSQL refuses (a NUL: the batch is refused, then sent one request at a time), and
+    # an arrival no calendar day holds (filed as undated).
+    for request_id, seq, kind in (("req_seq", 2**31, "completed"), ("req_nul", 2, "compl\x00eted")):
+        rk = conn.execute(
+            "INSERT INTO requests (id, ts, completed) VALUES (?, 1764504000, 1) RETURNING rk", (request_id,)
+        ).fetchone()[0]
+        conn.execute("INSERT INTO events (rk, seq, kind, t, data) VALUES (?, ?, ?, 0, '{}')", (rk, seq, kind))
+    conn.execute("INSERT INTO requests (id, ts, completed) VALUES ('req_undated', 1e300, 1)")
+    conn.close()
+    shipper = _start(started, path, sink, "web-1", batch_size=20)
+    until(lambda: shipper.stats["unshipped"] == 0 and shipper.stats["refused"] == 2, what="shipping")
+    assert shipper.stats["requests_shipped"] == 51
+    with psycopg.connect(sink) as pg:
+        assert pg.execute("SELECT day FROM requests WHERE id = 'req_undated'").fetchone() == (date(1970, 1, 1),)
+        assert pg.execute("SELECT count(*) FROM requests WHERE id IN ('req_seq', 'req_nul')").fetchone() == (0,)
+        assert pg.execute("SELECT count(*) FROM events WHERE seq < 0").fetchone() == (0,)
