@@ -39,6 +39,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from journal import schema as local_schema
 from journal.pg import outbox, partitions, schema, ship
+from journal.pg.pacing import Pacing
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Shipper:
         self._lock_file: int | None = None
         self._pg: psycopg.Connection[Any] | None = None
         self._days: set[date] = set()
-        self._failing_since: float | None = None
+        self._pacing = Pacing(_RETRY_FIRST_S, _RETRY_MAX_S, _DRAIN_S)
         self._backlog_at = 0.0
         self._pinged = 0.0
         self._stats: dict[str, float] = {
@@ -136,13 +137,12 @@ class Shipper:
         # One batch ships (in `writer`) while the next is read from the local file and made ready here.
         writer = ThreadPoolExecutor(1, thread_name_prefix=f"journal-sink-write:{self.replica}")
         inflight: tuple[Future[ship.Shipped], ship.Rows] | None = None
-        retry = _RETRY_FIRST_S
-        drain_until: float | None = None
+        pacing = self._pacing
         try:
             while True:
-                if self._stop.is_set() and drain_until is None:
-                    drain_until = time.monotonic() + _DRAIN_S
-                late = drain_until is not None and time.monotonic() >= drain_until
+                if self._stop.is_set():
+                    pacing.stop(time.monotonic())
+                late = pacing.late(time.monotonic())
                 if late and inflight is None:
                     return
                 self._refresh_backlog(local)
@@ -163,16 +163,14 @@ class Shipper:
                 except Exception as exc:
                     # What was read ahead is read again from the queue; a batch still in flight
                     # (the local file failed) is collected on the next round.
-                    self._failed(exc)
-                    if drain_until is not None or self._stop.wait(retry):
+                    wait = self._failed(exc)
+                    if pacing.stopping or self._stop.wait(wait):
                         return
-                    retry = min(retry * 2, _RETRY_MAX_S)
                     continue
-                retry = _RETRY_FIRST_S
                 if ready is not None:
                     inflight = (writer.submit(self._write, ready), ready)
                     continue
-                if drain_until is not None:
+                if pacing.stopping:
                     return  # everything queued has shipped
                 self._stop.wait(self.idle_s)
         except Exception:
@@ -298,17 +296,18 @@ class Shipper:
         self._stats["lag_seconds"] = max(0.0, time.time() - oldest) if oldest is not None else 0.0
         self._stats["past_retention"] = past
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception) -> float:
+        """Count a failed attempt and say so once per incident; the seconds to wait."""
         self._stats["failures"] += 1
         self._stats["shipping"] = 0
         if isinstance(exc, psycopg.Error):
             if self._pg is not None:  # nothing is in flight: the error came from collecting it, or from idle
                 self._pg.close()
                 self._pg = None
-        elif self._failing_since is None:
-            log.exception("journal sink: shipping from %s failed", self.path)
-        if self._failing_since is None:
-            self._failing_since = time.monotonic()
+        starts, wait = self._pacing.failed(time.monotonic())
+        if starts:
+            if not isinstance(exc, psycopg.Error):
+                log.exception("journal sink: shipping from %s failed", self.path)
             log.error(
                 "journal sink: cannot ship to %s (%s); serving continues, completed requests stay queued in %s"
                 " and are retried",
@@ -316,14 +315,14 @@ class Shipper:
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                 self.path,
             )
+        return wait
 
     def _recovered(self) -> None:
-        if self._failing_since is None:
-            return
-        log.warning(
-            "journal sink: shipping to %s resumed after %.1fs (%d requests waiting)",
-            display(self.url),
-            time.monotonic() - self._failing_since,
-            self._stats["unshipped"],
-        )
-        self._failing_since = None
+        lasted = self._pacing.answered(time.monotonic())
+        if lasted is not None:
+            log.warning(
+                "journal sink: shipping to %s resumed after %.1fs (%d requests waiting)",
+                display(self.url),
+                lasted,
+                self._stats["unshipped"],
+            )
