@@ -292,3 +292,29 @@ def test_a_gateway_without_a_sink_stops_queueing_on_a_file_that_shipped(
     assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (0,)
     conn.close()
     assert "no longer ships" in plain.log()
+
+
+def test_a_backlog_left_by_a_kill_during_an_outage_ships_after_the_restart(
+    worker: Spawned, tmp_path: Path, own_postgres: PostgresServer
+) -> None:
+    sink = _init(own_postgres.url())
+    journal = tmp_path / "j.db"
+    gateway = _replica(worker, journal, sink, "web-1")
+    restarted: Spawned | None = None
+    try:
+        own_postgres.stop()
+        with httpx.Client(base_url=gateway.url, timeout=10) as http:
+            for i in range(30):
+                body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                assert http.post("/v1/messages", json=body).status_code == 200
+        until(lambda: len(_completed(journal)) == 30, what="the local journal")
+        gateway.kill()  # with all 30 queued locally and none shipped
+        own_postgres.start()
+        assert _shipped(sink, "web-1") == []
+        restarted = _replica(worker, journal, sink, "web-1")
+        until(lambda: len(_shipped(sink, "web-1")) == 30, what="the backlog")
+    finally:
+        gateway.stop()
+        if restarted is not None:
+            restarted.stop()
+    assert sorted(_shipped(sink, "web-1")) == sorted(_completed(journal))
