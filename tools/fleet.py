@@ -6,7 +6,8 @@ demo-scripted` does), and two `smg launch` replicas in front of it, each with it
 journal and `--journal-sink` to the one database (`--replica-name replica-a`/`replica-b`).
 Sends some traffic to both, waits until both have shipped it, and shows the one journal with
 both replicas in it (`smg journal ls --journal postgresql://…`, or a query, when this checkout's
-read commands do not open PostgreSQL). Then serves until interrupted, printing the URLs.
+read commands do not open PostgreSQL). Then serves until interrupted, printing the URLs; on
+the way out it stops everything and deletes the temp dirs.
 
 Shared state in Redis (budgets, fleet admission, the worker registry) goes in `_shared_state`:
 the flags each replica gets for it, and the server it needs.
@@ -14,6 +15,7 @@ the flags each replica gets for it, and the server it needs.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +125,7 @@ def main() -> int:
         for spawned in reversed(started):
             spawned.stop()
         server.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
