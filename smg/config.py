@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smg.fetch.config import FetchConfig
+from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
 from smg.pipeline.media import MediaConfig
 from smg.protocol.hops import instance_id
@@ -49,6 +50,7 @@ class GatewayConfig:
     instance_id: str = field(default_factory=instance_id)
     fetch: FetchConfig = field(default_factory=FetchConfig)  # where client-named URLs may lead (--fetch-allow)
     media: MediaConfig = field(default_factory=MediaConfig)  # a request's image count, fetch deadline and budget
+    journal_sink: SinkConfig = field(default_factory=SinkConfig)  # --journal-sink, --replica-name
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""
