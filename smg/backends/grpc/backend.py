@@ -471,6 +471,10 @@ class EngineConnector:
                     continue
                 assert isinstance(item, EngineDone)
                 settled = True
+                if item.finish_reason == "error":
+                    # vLLM ends a request it could not run (a failed preprocessing or grammar
+                    # compile, an empty completion) this way: a failure, never an empty success.
+                    raise EngineError("INTERNAL", "the engine failed the request (finish reason: error)")
                 for event in attempt.done(
                     item.token_ids,
                     item.finish_reason,
