@@ -26,6 +26,7 @@ import pytest
 from anthropic.types import MessageParam
 
 from smg.backends.zmq.addresses import zmq_addresses
+from tests.interop.tool_choice import ask, check_answer
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway
 
 PYTHON_ENV = "SMG_VLLM_PYTHON"
@@ -189,3 +190,14 @@ def test_client_disconnect_sends_an_abort_and_the_next_request_is_unharmed(
         assert line.endswith("the engine had finished it"), line
     message = sdk.messages.create(model=ALIAS, max_tokens=16, messages=USER, **SAMPLED)
     assert 0 < message.usage.output_tokens <= 16
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("choice", ["any", "tool", "none"])
+def test_tool_choice_is_answered_and_the_engine_lives_on(
+    sdk: anthropic.Anthropic, deployment: tuple[Spawned, Spawned], choice: str, stream: bool
+) -> None:
+    # EngineCore builds no structured-output backend of its own: the frontend names it in the
+    # request, as vLLM's own frontend does, or the engine fails the request (and used to die).
+    check_answer(ask(sdk, ALIAS, choice, stream), choice)
+    assert deployment[1].proc.poll() is None, deployment[1].log()[-3000:]
