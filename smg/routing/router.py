@@ -128,6 +128,7 @@ class Router:
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._discovering: dict[str, asyncio.Task[None]] = {}  # first discoveries of workers added at run time
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
 
@@ -245,7 +246,9 @@ class Router:
         """Register a worker at run time; it is discovered in the background and routed to
         once it answers."""
         worker = self._register(spec, source="api")
-        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        task = self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        self._discovering[worker.id] = task
+        task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
         return worker
 
     def remove_worker(self, worker_id: str) -> Worker | None:
@@ -264,10 +267,11 @@ class Router:
         for policy in self._policies.values():
             policy.forget(worker.id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # what the gateway serves
 
@@ -389,6 +393,10 @@ class Router:
         )
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        if self._discovering and not self.registry.serving(call.model):
+            # A worker added moments ago may serve this model: its first discovery (tens of
+            # milliseconds) is waited for, within the request's deadline, rather than a 503.
+            await asyncio.wait(set(self._discovering.values()))
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
