@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.backends.grpc.config import EngineConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 
@@ -41,6 +42,7 @@ class GatewayConfig:
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
     zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
+    engine: EngineConfig = field(default_factory=EngineConfig)  # gRPC/ZMQ connector settings
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

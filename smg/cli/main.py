@@ -12,6 +12,7 @@ import typer
 
 from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
 from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
+from smg.backends.grpc.config import EngineConfig
 from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
@@ -49,6 +50,7 @@ _COMPONENTS = (
     HealthConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
+    EngineConfig,
 )
 
 
@@ -260,6 +262,7 @@ def launch(
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
+            engine=build_component(EngineConfig, flags),
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
