@@ -201,3 +201,27 @@ def test_tool_choice_is_answered_and_the_engine_lives_on(
     # request, as vLLM's own frontend does, or the engine fails the request (and used to die).
     check_answer(ask(sdk, ALIAS, choice, stream), choice)
     assert deployment[1].proc.poll() is None, deployment[1].log()[-3000:]
+
+
+def test_last_an_engine_killed_under_a_stream_ends_it_with_an_error_event(
+    gateway: Spawned, deployment: tuple[Spawned, Spawned]
+) -> None:
+    """Last in the module: it kills the module's engine. EngineCore and its server die at once
+    (SIGKILL) while a stream is being answered: the stream ends with an `error` event, and the
+    worker is out."""
+    body = {"model": ALIAS, "max_tokens": 1500, "messages": USER, "stream": True, "temperature": 1.0}
+    kinds: list[str] = []
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        with client.stream("POST", "/v1/messages", json=body) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line[7:])
+                    if kinds.count("content_block_delta") == 3:
+                        deployment[1].kill()
+                elif line.startswith("data: ") and kinds[-1] == "error":
+                    error = json.loads(line[6:])["error"]
+        assert kinds[0] == "message_start" and kinds[-1] == "error", kinds
+        assert "message_stop" not in kinds and error["type"] == "api_error", error
+        refused = client.post("/v1/messages", json={**body, "stream": False, "max_tokens": 8})
+        assert refused.status_code == 503 and refused.headers["x-smg-error-code"] == "no_available_workers"
