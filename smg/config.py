@@ -38,11 +38,11 @@ class GatewayConfig:
     mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)
     chat_template: Path | None = None  # overrides the tokenizer's template (gRPC workers)
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
+    engine: EngineConfig = field(default_factory=EngineConfig)  # gRPC/ZMQ connector settings
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
     zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
-    engine: EngineConfig = field(default_factory=EngineConfig)  # gRPC/ZMQ connector settings
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

@@ -48,9 +48,9 @@ _COMPONENTS = (
     RetryConfig,
     BreakerConfig,
     HealthConfig,
+    EngineConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
-    EngineConfig,
 )
 
 
@@ -258,11 +258,11 @@ def launch(
             mcp_config_path=mcp_config_path,
             chat_template=chat_template,
             tokenizer_autoload=not disable_tokenizer_autoload,
+            engine=build_component(EngineConfig, flags),
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
-            engine=build_component(EngineConfig, flags),
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")

@@ -128,7 +128,7 @@ class Router:
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._discovering: dict[str, asyncio.Task[None]] = {}  # first discoveries of workers added at run time
+        self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
 
@@ -193,6 +193,12 @@ class Router:
         return self.registry.add(worker)
 
     async def _discover(self, worker: Worker) -> None:
+        """A worker's first discovery (in a task of its own: requests for a model no worker
+        serves yet wait for the ones in flight)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._discovering[worker.id] = task
+            task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
         connector = self._connector_of(worker)
         if worker.external and not worker.wildcard:
             # A provider's API is up once registered. Its models: as given, else its own list
@@ -246,9 +252,7 @@ class Router:
         """Register a worker at run time; it is discovered in the background and routed to
         once it answers."""
         worker = self._register(spec, source="api")
-        task = self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
-        self._discovering[worker.id] = task
-        task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
+        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
         return worker
 
     def remove_worker(self, worker_id: str) -> Worker | None:
@@ -267,11 +271,10 @@ class Router:
         for policy in self._policies.values():
             policy.forget(worker.id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return task
 
     # what the gateway serves
 

@@ -210,6 +210,29 @@ class EngineConnector:
             engine, self.tokenizers, configured_path=self._configured_tokenizer, chat_template=self._chat_template
         )
 
+    async def _tokenizer(self, model: str, pool: Sequence[Target]) -> Tokenizer:
+        """The model's tokenizer; one still being fetched or loaded is waited for (up to
+        `--tokenizer-wait-secs`, within the request's deadline) before the registry's refusal."""
+        try:
+            return self.tokenizers.get(model)
+        except ApiError as refused:
+            wait = self._config.engine.tokenizer_wait_secs
+            if refused.code != "tokenizer_not_ready" or wait <= 0:
+                raise
+        pending: set[asyncio.Future[Any]] = {self._autoloads[t.url] for t in pool if t.url in self._autoloads}
+        entry = self.tokenizers.lookup(model)
+        loaded = asyncio.ensure_future(entry.done.wait()) if entry is not None and not entry.done.is_set() else None
+        if loaded is not None:
+            pending.add(loaded)
+        try:
+            if pending:
+                # The loads go on for the next request if this one gives up (not cancelled).
+                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if loaded is not None:
+                loaded.cancel()
+        return self.tokenizers.get(model)
+
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
         engine = await self._engine(target)
         ok = await check_health(engine, timeout)
@@ -323,29 +346,6 @@ class EngineConnector:
         prepared.images = images
         async for event in generate(prepared, attempts):
             yield event
-
-    async def _tokenizer(self, model: str, pool: Sequence[Target]) -> Tokenizer:
-        """The model's tokenizer; one still being fetched or loaded is waited for (up to
-        `--tokenizer-wait-secs`, within the request's deadline) before the registry's refusal."""
-        try:
-            return self.tokenizers.get(model)
-        except ApiError as refused:
-            wait = self._config.engine.tokenizer_wait_secs
-            if refused.code != "tokenizer_not_ready" or wait <= 0:
-                raise
-        pending: set[asyncio.Future[Any]] = {self._autoloads[t.url] for t in pool if t.url in self._autoloads}
-        entry = self.tokenizers.lookup(model)
-        loaded = asyncio.ensure_future(entry.done.wait()) if entry is not None and not entry.done.is_set() else None
-        if loaded is not None:
-            pending.add(loaded)
-        try:
-            if pending:
-                # The loads go on for the next request if this one gives up (not cancelled).
-                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if loaded is not None:
-                loaded.cancel()
-        return self.tokenizers.get(model)
 
     def _media_client(self) -> httpx.AsyncClient:
         if self._media is None:
