@@ -44,11 +44,11 @@ _MULTI_VALUE = (
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
     RouterConfig,
+    EngineConfig,
     PolicyConfig,
     RetryConfig,
     BreakerConfig,
     HealthConfig,
-    EngineConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
 )
