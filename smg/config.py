@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.backends.grpc.config import EngineConfig
 from smg.fetch.config import FetchConfig
 from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
@@ -41,6 +42,7 @@ class GatewayConfig:
     mcp_config_path: Path | None = None  # the MCP tool loop's policy (Anthropic backend)
     chat_template: Path | None = None  # overrides the tokenizer's template (gRPC workers)
     tokenizer_autoload: bool = True  # fetch a tokenizer from a gRPC worker when none is configured
+    engine: EngineConfig = field(default_factory=EngineConfig)  # gRPC/ZMQ connector settings
     tool_call_parser: str | None = None  # gRPC: else detected from the model id
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs

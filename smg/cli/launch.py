@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from smg.admission import Gates
+from smg.backends.grpc.config import EngineConfig
 from smg.backends.http.client import TRANSPORTS
 from smg.config import GatewayConfig
 from smg.fetch.config import FetchConfig
@@ -115,6 +116,7 @@ def build_config(
     journal_bodies: str = "full",
     observability: ObservabilityConfig | None = None,
     zmq_engine_count: int = 1,
+    engine: EngineConfig | None = None,
     header_read_timeout_secs: float = 30.0,
     max_connections: int | None = None,
     fetch: FetchConfig | None = None,
@@ -242,6 +244,7 @@ def build_config(
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
         observability=observability or ObservabilityConfig(),
+        engine=engine or EngineConfig(),
         zmq_engine_count=zmq_engine_count,
         fetch=fetch or FetchConfig(),
         media=media or MediaConfig(),

@@ -13,6 +13,7 @@ import typer
 
 from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
 from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
+from smg.backends.grpc.config import EngineConfig
 from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
@@ -53,6 +54,7 @@ _MULTI_VALUE = (
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
     RouterConfig,
+    EngineConfig,
     PolicyConfig,
     RetryConfig,
     BreakerConfig,
@@ -280,6 +282,7 @@ def launch(
             mcp_config_path=mcp_config_path,
             chat_template=chat_template,
             tokenizer_autoload=not disable_tokenizer_autoload,
+            engine=build_component(EngineConfig, flags),
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             observability=observability,

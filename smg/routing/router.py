@@ -139,6 +139,7 @@ class Router:
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
         self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
@@ -210,6 +211,12 @@ class Router:
         return self.registry.add(worker)
 
     async def _discover(self, worker: Worker) -> None:
+        """A worker's first discovery (in a task of its own: requests for a model no worker
+        serves yet wait for the ones in flight)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._discovering[worker.id] = task
+            task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
         connector = self._connector_of(worker)
         if worker.external and not worker.wildcard:
             # A provider's API is up once registered. Its models: as given, else its own list
@@ -440,6 +447,10 @@ class Router:
         )
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        if self._discovering and not self.registry.serving(call.model):
+            # A worker added moments ago may serve this model: its first discovery (tens of
+            # milliseconds) is waited for, within the request's deadline, rather than a 503.
+            await asyncio.wait(set(self._discovering.values()))
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
