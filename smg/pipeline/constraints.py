@@ -9,15 +9,13 @@ configured explicitly and has a builder — a `structural_tag` in the model's ow
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from smg.protocol.errors import ApiError
 
 ConstraintKind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
 Constraint = tuple[ConstraintKind, str]
-
-# Parsers whose native call format can be written as a structural tag.
-STRUCTURAL_TAG_PARSERS = frozenset({"mistral", "kimik2"})
 
 
 def _schema(tool: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +101,34 @@ def _kimik2_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, An
     }
 
 
+def _inkling_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
+    tags = [
+        {
+            "begin": '<|content_invoke_tool_json|>{"name":' + json.dumps(tool["function"]["name"]) + ',"args":',
+            "content": {"type": "json_schema", "json_schema": _schema(tool)},
+            "end": "}<|end_message|>",
+        }
+        for tool in tools
+    ]
+    return {
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<|content_invoke_tool_json|>"],
+            "tags": tags,
+            "at_least_one": at_least_one,
+        }
+    }
+
+
+# The parsers whose native call format can be written as a structural tag, and its builder.
+STRUCTURAL_TAGS: dict[str, Callable[[list[dict[str, Any]], bool], dict[str, Any]]] = {
+    "mistral": _mistral_tag,
+    "kimik2": _kimik2_tag,
+    "inkling": _inkling_tag,
+}
+STRUCTURAL_TAG_PARSERS = frozenset(STRUCTURAL_TAGS)
+
+
 def tool_constraint(
     choice: str | None,
     forced_name: str | None,
@@ -116,8 +142,8 @@ def tool_constraint(
     chosen = [t for t in tools if t["function"]["name"] == forced_name] if choice == "tool" else tools
     if not chosen:
         return None
-    if configured_parser in STRUCTURAL_TAG_PARSERS:
-        builder = _mistral_tag if configured_parser == "mistral" else _kimik2_tag
+    builder = STRUCTURAL_TAGS.get(configured_parser or "")
+    if builder is not None:
         return "structural_tag", json.dumps(builder(chosen, True), separators=(",", ":"))
     if choice == "tool":
         return "json_schema", json.dumps(_schema(chosen[0]), separators=(",", ":"))

@@ -33,6 +33,9 @@ NAMES = {
     "glm47_moe",
     "kimik2",
     "minimax_m2",
+    "sarashina",
+    "step3",
+    "inkling",
     "passthrough",
 }
 

@@ -15,6 +15,7 @@ from smg.pipeline.parsers.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Par
 from smg.pipeline.parsers.tools.detect import MODEL_PATTERNS, detect_tool_parser
 from smg.pipeline.parsers.tools.forced import parse_forced_any, parse_forced_tool
 from smg.pipeline.parsers.tools.glm import Glm45Parser, Glm47Parser
+from smg.pipeline.parsers.tools.inkling import InklingParser
 from smg.pipeline.parsers.tools.jsonish import JsonParser, LlamaParser
 from smg.pipeline.parsers.tools.kimik2 import KimiK2Parser
 from smg.pipeline.parsers.tools.minimax import MinimaxM2Parser
@@ -22,6 +23,8 @@ from smg.pipeline.parsers.tools.mistral import MistralParser
 from smg.pipeline.parsers.tools.passthrough import PassthroughParser
 from smg.pipeline.parsers.tools.pythonic import PythonicParser
 from smg.pipeline.parsers.tools.qwen import QwenParser, QwenXmlParser
+from smg.pipeline.parsers.tools.sarashina import SarashinaParser
+from smg.pipeline.parsers.tools.step3 import Step3Parser
 
 TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "json": JsonParser,
@@ -38,11 +41,14 @@ TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "glm47_moe": Glm47Parser,
     "kimik2": KimiK2Parser,
     "minimax_m2": MinimaxM2Parser,
+    "sarashina": SarashinaParser,
+    "step3": Step3Parser,
+    "inkling": InklingParser,
     "passthrough": PassthroughParser,
 }
 
 # Names the reference registers (and §F.7 can detect) that have no parser here.
-UNIMPLEMENTED = frozenset({"deepseek32", "deepseek_v4", "sarashina", "step3", "kimi_k3", "inkling", "cohere"})
+UNIMPLEMENTED = frozenset({"deepseek32", "deepseek_v4", "kimi_k3", "cohere"})
 
 
 def has_tool_parser(name: str) -> bool:

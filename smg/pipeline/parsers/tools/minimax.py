@@ -25,16 +25,8 @@ END_INVOKE = "</invoke>"
 PARAMETER = "<parameter"
 END_PARAMETER = "</parameter>"
 
-_NAME_ATTR = re.compile(r"""\s+name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))\s*""")
 _ENTITY = re.compile(r"&(lt|gt|amp|quot|apos);")
 _ENTITIES = {"lt": "<", "gt": ">", "amp": "&", "quot": '"', "apos": "'"}
-
-
-def _name_attr(attrs: str) -> str:
-    match = _NAME_ATTR.fullmatch(attrs)
-    if not match:
-        return ""
-    return next(group for group in match.groups() if group is not None).strip()
 
 
 class MinimaxM2Parser(XmlCallParser):
@@ -97,17 +89,6 @@ class MinimaxM2Parser(XmlCallParser):
         else:
             self._garbage()
         return True
-
-    def _tag_name(self) -> str | None:
-        """The `name` attribute of the tag being read, consumed through `>`; None while the tag
-        is incomplete, "" (nothing consumed) when it has no usable name."""
-        end = self._buf.find(">")
-        if end < 0:
-            return "" if len(self._buf) > 512 else None
-        name = _name_attr(self._buf[:end])
-        if name:
-            self._consume(end + 1)
-        return name
 
     def _broken(self) -> None:
         if self._committed:
