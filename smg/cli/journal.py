@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import signal
 import sqlite3
 import time
 from typing import Annotated, Any, NoReturn
@@ -194,6 +195,7 @@ def tail(
 ) -> None:
     """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
     _compile(query)  # a bad query fails before waiting for the file
+    _stop_on_ctrl_c()
     deadline = None if timeout is None else time.monotonic() + timeout
     err = Console(stderr=True)
     out = Console(highlight=False)
@@ -222,6 +224,15 @@ def tail(
                     return
     except KeyboardInterrupt:
         return
+
+
+def _stop_on_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) is how a tail with no `--max`/`--timeout` ends, so it must raise
+    KeyboardInterrupt even when this process inherited SIGINT ignored or blocked: a shell
+    starts its background jobs (`cmd &` in a script, many CI runners and test harnesses) with
+    SIGINT ignored, the ignore survives exec, and Python then never installs its handler."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _wait_for(path: str, deadline: float | None, err: Console) -> JournalReader | None:
