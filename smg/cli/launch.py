@@ -15,7 +15,7 @@ from typing import Any
 
 from smg.admission import Gates
 from smg.backends.http.client import TRANSPORTS
-from smg.config import GatewayConfig
+from smg.config import GatewayConfig, JournalBufferConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerSpec
@@ -112,6 +112,7 @@ def build_config(
     zmq_engine_count: int = 1,
     header_read_timeout_secs: float = 30.0,
     max_connections: int | None = None,
+    journal_buffer: JournalBufferConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -223,6 +224,7 @@ def build_config(
         journal_path=journal_path,
         journal_bodies=journal_bodies,
         journal_retention=retention,
+        journal_buffer=journal_buffer or JournalBufferConfig(),
         max_payload_size=max_payload_size,
         router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
         upstream_transport=upstream_transport,
@@ -322,6 +324,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             config.journal_path,
             bodies=config.journal_bodies,
             retention=config.journal_retention if retention else None,
+            max_held=config.journal_buffer.journal_max_held,
         )
         if config.journal_path
         else NullJournal()

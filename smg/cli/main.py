@@ -17,6 +17,7 @@ from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.config import JournalBufferConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
@@ -49,6 +50,7 @@ _COMPONENTS = (
     HealthConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
+    JournalBufferConfig,
 )
 
 
@@ -227,6 +229,7 @@ def launch(
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
             )
+            journal_buffer = build_component(JournalBufferConfig, flags)
             observability.check()
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
@@ -260,6 +263,7 @@ def launch(
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
+            journal_buffer=journal_buffer,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
