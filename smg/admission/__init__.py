@@ -39,13 +39,14 @@ class Gates:
         self.limiter = limiter
         self.budgets = budgets
 
-    def wrap(self, handler: Handler) -> Handler:
-        """`handler` inside the gates (concurrency outermost, then budgets)."""
+    def wrap(self, handler: Handler, generates: Callable[[str], bool]) -> Handler:
+        """`handler` inside the gates (concurrency outermost, then budgets). `generates`: which
+        backends the gateway generates answers for (`Router.generates`), the ones budgets charge."""
         layers = []
         if self.limiter is not None:
             layers.append(concurrency_layer(self.limiter))
         if self.budgets is not None:
-            layers.append(budget_layer(self.budgets))
+            layers.append(budget_layer(self.budgets, generates))
         for layer in reversed(layers):
             handler = layer(handler)
         return handler

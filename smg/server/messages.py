@@ -138,7 +138,8 @@ def _observer(request: Any, endpoint: Endpoint, received: Received) -> RequestOb
     trace = start_trace(request.method, request.path, request.ctx.headers, request.ctx.t0, received.request_id)
     if trace is None and metrics.current is None and logs.ACCESS.disabled:
         return None
-    return RequestObserver(request.method, request.path, endpoint, received.tenant, trace)
+    generates = request.app.ctx.gateway.router.generates
+    return RequestObserver(request.method, request.path, endpoint, received.tenant, trace, generates)
 
 
 async def serve(request: Any, endpoint: Endpoint) -> None:

@@ -130,6 +130,8 @@ async def grpc_clients(target: Target) -> tuple[str, EngineClient]:
 class EngineConnector:
     """Serves Messages and count_tokens from inference engines (gRPC, ZMQ)."""
 
+    generates = True
+
     def __init__(
         self,
         config: GatewayConfig,

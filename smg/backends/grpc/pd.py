@@ -231,6 +231,7 @@ class GrpcPdConnector:
     """Prefill/decode pairs of gRPC engines (SGLang, TokenSpeed, vLLM), and EPD pools."""
 
     name = "grpc-pd"
+    generates = True
 
     def __init__(self, grpc: GrpcConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
         self._grpc = grpc
