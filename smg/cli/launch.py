@@ -302,11 +302,32 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     return Router(config.router, connectors), specs
 
 
+def check_journal(path: Path) -> None:
+    """Open the journal for writing once before serving (creating and migrating it, and taking
+    the write lock a moment), so that a location that cannot be written is one clear error
+    naming the file, not a traceback out of the server's start. Raises `LaunchError`."""
+    import sqlite3
+
+    from journal import schema
+
+    try:
+        conn = schema.connect(path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise LaunchError(f"cannot write the journal {path}: {exc} (another --journal, or --no-journal)") from None
+
+
 def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
     """Serve until interrupted: in this process (one journal writer, one event loop), or with
     `workers` > 1 in that many processes sharing one listening socket (see `_serve_forked`)."""
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
+    if config.journal_path:
+        check_journal(config.journal_path)
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:

@@ -270,4 +270,8 @@ def launch(
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config, admission, workers=workers)
+    try:
+        run(config, admission, workers=workers)
+    except LaunchError as exc:
+        typer.echo(f"smg launch: {exc}", err=True)
+        raise typer.Exit(2) from None
