@@ -268,6 +268,7 @@ def error_event(err: ApiError, stage: str = "admission") -> Error:
         message=err.message,
         code=err.code,
         headers=err.response_headers(),
+        detail=err.detail,
     )
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from journal.events import Rendered, Tokens
+from journal.events import Error, Rendered, Tokens
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.projection import reconstruct
 from tests.conftest import wait_for_events
@@ -411,6 +412,26 @@ def test_engine_error_mid_generation_without_stream_is_an_envelope(http: httpx.C
     reply = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 32, "messages": USER})
     assert reply.status_code == 500
     assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "api_error"
+
+
+ADDRESSED = "failed to connect to 127.0.0.1:50051 via ipv4:10.1.2.3:7000 (grpc://engine-0.internal:30001)"
+
+
+@pytest.mark.parametrize("after_tokens", [0, 2])
+def test_an_engine_error_tells_the_client_no_worker_address(
+    http: httpx.Client, control: EngineControl, grpc_journal: Path, after_tokens: int
+) -> None:
+    control.script(
+        {"text": "partial answer", "error": {"code": "INTERNAL", "message": ADDRESSED, "after_tokens": after_tokens}}
+    )
+    reply = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 32, "messages": USER, "stream": True})
+    said = reply.text if after_tokens else reply.json()["error"]["message"]
+    assert "connect to" in said  # the engine's words stay
+    for address in ("127.0.0.1", "50051", "10.1.2.3", "engine-0.internal", "30001"):
+        assert address not in said, said
+    errors = [e for e in wait_for_events(grpc_journal, reply.headers["x-request-id"]) if isinstance(e, Error)]
+    assert errors and errors[-1].detail is not None and "127.0.0.1:50051" in errors[-1].detail  # for operators
+    assert "127.0.0.1" not in errors[-1].message
 
 
 def test_client_disconnect_aborts_the_engine_request(grpc_gateway: Spawned, control: EngineControl) -> None:

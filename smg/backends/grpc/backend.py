@@ -80,6 +80,7 @@ def error_event(err: ApiError, stage: str = "engine") -> Error:
         message=err.message,
         code=err.code,
         headers=err.response_headers(),
+        detail=err.detail,
     )
 
 
