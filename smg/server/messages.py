@@ -14,7 +14,7 @@ import time
 from contextlib import aclosing
 from typing import Any
 
-from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
+from journal.events import Block, Completed, Error, Received, Rejected, Rendered, Tokens, Upstream, Validated
 from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
 from smg.admission import Refused
 from smg.backends.base import Call, Endpoint
@@ -257,6 +257,8 @@ def _observe(outcome: UsageReader, event: object) -> None:
         outcome.event(event.event)
     elif isinstance(event, Tokens):
         outcome.generated(event.completion_tokens if event.completion_tokens is not None else 0)
+    elif isinstance(event, Rendered):
+        outcome.rendered(event.prompt_tokens)
 
 
 def error_event(err: ApiError, stage: str = "admission") -> Error:

@@ -15,7 +15,8 @@ import anthropic
 import httpx
 import pytest
 
-from journal.events import Error, Rendered, Tokens
+from journal.events import Completed, Error, Rendered, Tokens
+from journal.reader import JournalReader
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.projection import reconstruct
 from tests.conftest import wait_for_events
@@ -448,6 +449,34 @@ def test_client_disconnect_aborts_the_engine_request(grpc_gateway: Spawned, cont
         assert time.monotonic() < deadline, "the engine never saw the Abort"
         time.sleep(0.05)
     control.release()
+
+
+@pytest.mark.parametrize("cut", ["client-gone", "engine-failed"])
+def test_a_cut_stream_records_the_rendered_prompts_tokens(
+    grpc_gateway: Spawned, control: EngineControl, grpc_journal: Path, cut: str
+) -> None:
+    if cut == "client-gone":
+        control.script({"text": "a long answer that the client will not wait for", "hold_after": 2})
+    else:
+        control.script(
+            {"text": "partial answer that breaks", "error": {"code": "INTERNAL", "message": "oom", "after_tokens": 2}}
+        )
+    body = {"model": MODEL, "max_tokens": 64, "messages": USER, "stream": True}
+    with httpx.Client(base_url=grpc_gateway.url, timeout=10.0) as client:
+        with client.stream("POST", "/v1/messages", json=body) as reply:
+            request_id = reply.headers["x-request-id"]
+            for line in reply.iter_lines():
+                if line.startswith("event: content_block_delta"):
+                    break
+    events = wait_for_events(grpc_journal, request_id)
+    control.release()
+    [rendered] = [e for e in events if isinstance(e, Rendered)]
+    completed = events[-1]
+    assert isinstance(completed, Completed) and completed.usage is not None
+    assert rendered.prompt_tokens > 0 and completed.usage["input_tokens"] == rendered.prompt_tokens
+    with JournalReader(grpc_journal) as reader:
+        row = reader.get_request(request_id)
+    assert row is not None and row["input_tokens"] == rendered.prompt_tokens
 
 
 # --- the journal -------------------------------------------------------------------------
