@@ -61,12 +61,14 @@ def build_admission(
     tenants: TenantConfig | None = None,
     concurrency: ConcurrencyConfig | None = None,
     rate_limit: RateLimitConfig | None = None,
+    tenant_secret: bytes | None = None,
 ) -> Gates:
-    """The gates from their settings. Raises ValueError for settings that cannot work."""
+    """The gates from their settings (`tenant_secret`: see `tenants.load_tenant_secret`).
+    Raises ValueError for settings that cannot work."""
     tenants = tenants or TenantConfig()
     concurrency = concurrency or ConcurrencyConfig()
     rate_limit = rate_limit or RateLimitConfig()
-    keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants)
+    keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants, tenant_secret)
     concurrency.check()
     policy = rate_limit.policy(trust_tenant_header=tenants.trust_header)
     budgets = Budgets(policy, rate_limit.ledger()) if policy is not None else None

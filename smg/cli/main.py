@@ -223,8 +223,11 @@ def launch(
     try:
         try:
             router = router_config(flags)
+            from smg.admission.tenants import load_tenant_secret
+
             admission = build_admission(
                 api_key or None,
+                tenant_secret=load_tenant_secret(None if no_journal else journal) if api_key else None,
                 tenants=build_component(TenantConfig, flags),
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
