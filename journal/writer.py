@@ -71,7 +71,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from journal import packed, schema, search, summary
+from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event
@@ -216,6 +216,7 @@ class JournalWriter:
         retry_interval_s: float = 1.0,
         busy_timeout_ms: int = 5000,
         commit_interval_s: float = 0.01,
+        recover: bool = False,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
@@ -224,7 +225,9 @@ class JournalWriter:
         shrinks `queue_size`). While commits fail, they are retried every
         `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
         starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
-        larger transactions and longer packed runs, for that much more commit window."""
+        larger transactions and longer packed runs, for that much more commit window.
+        `recover`: at start, close the requests a stopped writer left in flight as
+        `interrupted` (`journal.recovery`; one process of those sharing a file does it)."""
         if max_batch < 1 or queue_size < 1 or max_held < 2:
             raise ValueError("queue_size and max_batch must be positive, max_held at least 2")
         queue_size = min(queue_size, max_held // 2)
@@ -248,6 +251,8 @@ class JournalWriter:
         self._thread: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._recover = recover
+        self._registration: recovery.Registration | None = None
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._summaries: dict[str, dict[str, Any]] = {}
@@ -297,8 +302,30 @@ class JournalWriter:
             self._thread = None
             raise
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.path}")
+        await self._close_orphans()
         if self._retention is not None:
             self._retention_task = asyncio.create_task(self._retain(), name=f"journal-retention:{self.path}")
+
+    async def _close_orphans(self) -> None:
+        """Register as a live writer; with `recover`, close what dead writers left in flight."""
+        try:
+            self._registration = await self._in_thread(recovery.Registration, self.path)
+            if not self._recover:
+                return
+            before = await self._in_thread(self._registration.earliest_live_start)
+            orphans = await self._in_thread(recovery.orphans, self._conn, before)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("journal: cannot look for requests a stopped gateway left in flight (%s)", exc)
+            return
+        for request_id, seq, events in orphans:
+            for offset, event in enumerate(events):
+                await self.append(request_id, seq + offset, event)
+        if orphans:
+            log.warning(
+                "journal: %d requests a stopped gateway left in flight are closed as %s",
+                len(orphans),
+                recovery.INTERRUPTED,
+            )
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
         """Queue one event, its secrets redacted. Waits only when the queue is full and the
@@ -419,6 +446,9 @@ class JournalWriter:
             if self._conn is not None:
                 await self._in_thread(self._conn.close)
                 self._conn = None
+            if self._registration is not None:
+                self._registration.close()
+                self._registration = None
             if self._thread is not None:
                 self._thread.shutdown(wait=False)
                 self._thread = None

@@ -346,6 +346,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             bodies=config.journal_bodies,
             retention=config.journal_retention if retention else None,
             max_held=config.journal_buffer.journal_max_held,
+            recover=retention,
         )
         if config.journal_path
         else NullJournal()
