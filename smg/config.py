@@ -7,11 +7,31 @@ from pathlib import Path
 
 from smg.backends.grpc.config import EngineConfig
 from smg.fetch.config import FetchConfig
+from smg.flags import option
 from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
 from smg.pipeline.media import MediaConfig
 from smg.protocol.hops import instance_id
 from smg.routing.config import RouterConfig
+
+
+@dataclass(frozen=True)
+class JournalBufferConfig:
+    """What the journal holds in memory while its file takes no commits (a lock held by another
+    process, a full disk): events are dropped only once this much is held."""
+
+    journal_max_held: int = field(
+        default=131072,
+        metadata=option(
+            "--journal-max-held",
+            "Events the journal holds in memory while commits fail or wait on a lock (its queue included,"
+            " at most half of it); beyond that new events are dropped and counted.",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.journal_max_held < 2:
+            raise ValueError("--journal-max-held must be at least 2")
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,7 @@ class GatewayConfig:
     journal_path: Path | None = Path("smg-journal.db")
     journal_bodies: str = "full"  # full | redacted | none (journal.bodies)
     journal_retention: tuple[float | None, int | None] | None = None  # (max age s, max bytes)
+    journal_buffer: JournalBufferConfig = field(default_factory=JournalBufferConfig)
     max_payload_size: int = 536_870_912
     router: RouterConfig = field(default_factory=RouterConfig)  # workers, policies, retries, breakers, health
     request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")

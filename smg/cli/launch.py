@@ -16,7 +16,7 @@ from typing import Any
 from smg.admission import Gates
 from smg.backends.grpc.config import EngineConfig
 from smg.backends.http.client import TRANSPORTS
-from smg.config import GatewayConfig
+from smg.config import GatewayConfig, JournalBufferConfig
 from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
 from smg.pipeline.media import MediaConfig
@@ -121,6 +121,7 @@ def build_config(
     max_connections: int | None = None,
     fetch: FetchConfig | None = None,
     media: MediaConfig | None = None,
+    journal_buffer: JournalBufferConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -235,6 +236,7 @@ def build_config(
         journal_path=journal_path,
         journal_bodies=journal_bodies,
         journal_retention=retention,
+        journal_buffer=journal_buffer or JournalBufferConfig(),
         max_payload_size=max_payload_size,
         router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
         upstream_transport=upstream_transport,
@@ -362,12 +364,33 @@ def warn_if_admin_is_open(config: GatewayConfig, admission: Gates | None) -> boo
     return True
 
 
+def check_journal(path: Path) -> None:
+    """Open the journal for writing once before serving (creating and migrating it, and taking
+    the write lock a moment), so that a location that cannot be written is one clear error
+    naming the file, not a traceback out of the server's start. Raises `LaunchError`."""
+    import sqlite3
+
+    from journal import schema
+
+    try:
+        conn = schema.connect(path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise LaunchError(f"cannot write the journal {path}: {exc} (another --journal, or --no-journal)") from None
+
+
 def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
     """Serve until interrupted: in this process (one journal writer, one event loop), or with
     `workers` > 1 in that many processes sharing one listening socket (see `_serve_forked`)."""
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
     warn_if_admin_is_open(config, admission)
+    if config.journal_path:
+        check_journal(config.journal_path)
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:
@@ -387,6 +410,8 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             config.journal_path,
             bodies=config.journal_bodies,
             retention=config.journal_retention if retention else None,
+            max_held=config.journal_buffer.journal_max_held,
+            recover=retention,
         )
         if config.journal_path
         else NullJournal()

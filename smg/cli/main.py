@@ -20,6 +20,7 @@ from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
 from smg.cli.sink import sink_app
+from smg.config import JournalBufferConfig
 from smg.fetch.config import FetchConfig
 from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
@@ -65,6 +66,7 @@ _COMPONENTS = (
     FetchConfig,
     MediaConfig,
     SinkConfig,
+    JournalBufferConfig,
 )
 
 
@@ -242,13 +244,17 @@ def launch(
     try:
         try:
             router = router_config(flags)
+            from smg.admission.tenants import load_tenant_secret
+
             admission = build_admission(
                 api_key or None,
+                tenant_secret=load_tenant_secret(None if no_journal else journal) if api_key else None,
                 tenants=build_component(TenantConfig, flags),
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
                 shared=build_component(SharedStateConfig, flags),
             )
+            journal_buffer = build_component(JournalBufferConfig, flags)
             observability.check()
             fetch = build_component(FetchConfig, flags)
             fetch.policy()
@@ -289,6 +295,7 @@ def launch(
             zmq_engine_count=zmq_engine_count,
             fetch=fetch,
             media=media,
+            journal_buffer=journal_buffer,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
@@ -303,4 +310,8 @@ def launch(
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config, admission, workers=workers)
+    try:
+        run(config, admission, workers=workers)
+    except LaunchError as exc:
+        typer.echo(f"smg launch: {exc}", err=True)
+        raise typer.Exit(2) from None

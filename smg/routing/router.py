@@ -353,6 +353,11 @@ class Router:
                 )
         return None
 
+    def generates(self, backend: str) -> bool:
+        """Whether the connector a `routed` event names (its journal name) generates the answer
+        itself (`Connector.generates`) rather than relaying one."""
+        return any(c.generates for c in self._connectors.values() if c.name == backend)
+
     def connector(self, key: str) -> Connector | None:
         return self._connectors.get(key)
 
@@ -424,7 +429,7 @@ class Router:
         )
 
     def _dispatch(
-        self, key: str, backend: str, call: Call, workers: list[Worker], role: str | None = None
+        self, key: str, connector: Connector, call: Call, workers: list[Worker], role: str | None = None
     ) -> Dispatch:
         policy_name = {
             "prefill": self.config.prefill_policy,
@@ -435,7 +440,8 @@ class Router:
             role or "", no_available_workers
         )
         return Dispatch(
-            backend=backend,
+            backend=connector.name,
+            generates=connector.generates,
             model=call.model,
             workers=[w for w in workers if role is None or w.role == role],
             policy=self._policy(f"{key}:{role}" if role else key, policy_name),
@@ -455,13 +461,13 @@ class Router:
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
         if not disaggregated(key):
-            dispatch = self._dispatch(key, connector.name, call, workers)
+            dispatch = self._dispatch(key, connector, call, workers)
         elif call.endpoint == "count_tokens":
-            dispatch = self._dispatch(key, connector.name, call, workers, "prefill")
+            dispatch = self._dispatch(key, connector, call, workers, "prefill")
         else:
-            prefill = self._dispatch(key, connector.name, call, workers, "prefill")
-            decode = self._dispatch(key, connector.name, call, workers, "decode")
-            encode = self._dispatch(key, connector.name, call, workers, "encode") if key.startswith("epd-") else None
+            prefill = self._dispatch(key, connector, call, workers, "prefill")
+            decode = self._dispatch(key, connector, call, workers, "decode")
+            encode = self._dispatch(key, connector, call, workers, "encode") if key.startswith("epd-") else None
             dispatch = PairDispatch(prefill, decode, self.config.retry, encode)
         attempts = dispatch.attempts()
         try:

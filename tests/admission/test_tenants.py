@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from journal.events import Received
+from smg.admission.tenants import TENANT_SECRET_FILE, shared_tenant
 from tests.admission.conftest import new_id
 from tests.conftest import MODEL, Scripted, wait_for_events
 from tools.spawn import Spawned, spawn_gateway
@@ -125,7 +126,32 @@ def test_the_tenant_is_journaled_on_every_request(keyed: tuple[Spawned, Path], s
     assert tenants == {
         "red": "auth:red",
         "blue": "auth:blue",
-        "shared": "auth:" + hashlib.sha256(SHARED.encode()).hexdigest(),
+        "shared": shared_tenant(SHARED, (journal.parent / TENANT_SECRET_FILE).read_bytes()),
         "nobody": "ip:127.0.0.1",
         "refused": "auth:red",
     }
+
+
+def test_the_shared_keys_tenant_is_a_keyed_hash_stable_across_restarts(
+    worker: Spawned, scripted: Scripted, tmp_path: Path
+) -> None:
+    """Not the bare SHA-256 of the key (an offline oracle for a weak key): an HMAC keyed with the
+    deployment's secret beside the journal, the same for every gateway started on it."""
+    journal = tmp_path / "journal.db"
+    tenants = []
+    for _ in range(2):  # a restart
+        proc = spawn_gateway([worker.url], journal=journal, extra=["--api-key", SHARED])
+        try:
+            rid = new_id()
+            httpx.post(
+                f"{proc.url}/v1/messages", json=BODY, headers={**bearer(SHARED), "x-request-id": rid}, timeout=30
+            )
+            received = wait_for_events(journal, rid)[0]
+            assert isinstance(received, Received)
+            tenants.append(received.tenant)
+        finally:
+            proc.stop()
+    secret = journal.parent / TENANT_SECRET_FILE
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    assert tenants[0] == tenants[1] == shared_tenant(SHARED, secret.read_bytes())
+    assert hashlib.sha256(SHARED.encode()).hexdigest() not in tenants[0]

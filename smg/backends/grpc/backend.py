@@ -80,6 +80,7 @@ def error_event(err: ApiError, stage: str = "engine") -> Error:
         message=err.message,
         code=err.code,
         headers=err.response_headers(),
+        detail=err.detail,
     )
 
 
@@ -129,6 +130,8 @@ async def grpc_clients(target: Target) -> tuple[str, EngineClient]:
 
 class EngineConnector:
     """Serves Messages and count_tokens from inference engines (gRPC, ZMQ)."""
+
+    generates = True
 
     def __init__(
         self,
