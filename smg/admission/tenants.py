@@ -32,13 +32,23 @@ from smg.protocol.headers import bearer_token
 _CHALLENGE = 'Bearer realm="data-plane"'
 DEFAULT_TENANT_HEADER = "x-smg-tenant-id"
 TENANT_SECRET_FILE = "smg-tenant.key"
+# Replicas of a fleet keep journals of their own, so they share the secret through this instead:
+# each would otherwise make its own file and the shared key would be a different tenant on each
+# (three budgets in Redis, three names in the fleet journal).
+TENANT_SECRET_ENV = "SMG_TENANT_SECRET"
 
 
 def load_tenant_secret(journal: Path | None) -> bytes:
     """The deployment's tenant secret: `smg-tenant.key` in the journal's directory (32 random
     bytes, created mode 0600 by the first gateway to start, read by every later one and by the
     other processes and gateways sharing that journal); without a journal, one per process.
-    Raises ValueError when the file cannot be made or read."""
+    `$SMG_TENANT_SECRET`, when set, is the secret instead (every replica of a fleet sets the same
+    one). Raises ValueError when the file cannot be made or read, or the variable is too short."""
+    configured = os.environ.get(TENANT_SECRET_ENV)
+    if configured is not None:
+        if len(configured.encode()) < 16:
+            raise ValueError(f"${TENANT_SECRET_ENV} is too short: give it at least 16 bytes (e.g. 32 random hex bytes)")
+        return configured.encode()
     if journal is None:
         return secrets.token_bytes(32)
     path = Path(journal).resolve().parent / TENANT_SECRET_FILE
