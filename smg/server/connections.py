@@ -20,6 +20,8 @@ from typing import Any
 from sanic.exceptions import RequestTimeout
 from sanic.server.protocols.http_protocol import HttpProtocol
 
+from smg.server.lingering import LingeringHttpProtocol
+
 log = logging.getLogger("smg.server")
 
 _FULL = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
@@ -47,7 +49,7 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
     """Sanic's HTTP protocol with the two limits (a class per app: Sanic takes a class)."""
     cap = _Cap()
 
-    class GuardedHttpProtocol(HttpProtocol):
+    class GuardedHttpProtocol(LingeringHttpProtocol):
         __slots__ = ("_reading_since", "_refused", "_expired")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
