@@ -76,7 +76,7 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
 
         def connection_lost(self, exc: BaseException | None) -> None:
             if not self._refused:
-                super().connection_lost(exc)  # type: ignore[no-untyped-call]
+                super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._refused or self._expired:

@@ -45,20 +45,20 @@ class LingeringHttpProtocol(HttpProtocol):
 
     def close(self, timeout: float | None = None) -> None:
         if self._discard_left is None or self._discarding or self.transport is None or self.transport.is_closing():
-            super().close(timeout)  # type: ignore[no-untyped-call]
+            super().close(timeout)
             return
         self._discarding = True
         self._discard_left -= len(self.recv_buffer)
         self.recv_buffer.clear()
         if self._discard_left <= 0:
-            super().close(timeout)  # type: ignore[no-untyped-call]
+            super().close(timeout)
             return
         self._discard_timer = self.loop.call_later(self._discard_deadline, self._stop_discarding)
         self.transport.resume_reading()  # Sanic pauses reading while its buffer is full
 
     def data_received(self, data: bytes) -> None:
         if not self._discarding:
-            super().data_received(data)  # type: ignore[no-untyped-call]
+            super().data_received(data)
             return
         assert self._discard_left is not None
         self._discard_left -= len(data)
@@ -72,7 +72,7 @@ class LingeringHttpProtocol(HttpProtocol):
 
     def _stop_discarding(self) -> None:
         self._discard_left = 0
-        super().close()  # type: ignore[no-untyped-call]
+        super().close()
 
 
 def discard_refused_body(request: Any, bound: int, deadline: float) -> None:
