@@ -23,7 +23,7 @@ from smg.observability.metrics import MetricsServer
 from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.routing.router import Router, WorkerSpec
-from smg.server import messages, tokenizers, workers
+from smg.server import memory, messages, tokenizers, workers
 from smg.server.auth import caller, check_admin
 from smg.server.cors import CorsPolicy
 from smg.server.lingering import discard_bound, discard_refused_body
@@ -144,6 +144,7 @@ def build_app(
 
     @app.before_server_start
     async def _start(app: Sanic[Any, Any]) -> None:
+        memory.map_large_blocks()
         if observability.enable_trace:
             tracing.install(observability.otlp_traces_endpoint)
         for server in metrics_server:
