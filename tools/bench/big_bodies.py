@@ -9,7 +9,7 @@ bodies, the gateway's RSS after each round, and the latency of small requests se
 against their latency on an idle gateway.
 
 Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``
-or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20] [--root DIR]``
+or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20] [--settle S] [--root DIR]``
 (``--root``: measure another checkout's gateway, e.g. a "before").
 """
 
@@ -80,7 +80,7 @@ def _result(content: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def prompt(args: argparse.Namespace) -> None:
-    text = "word " * (args.mib << 18)
+    text = "word " * ((args.mib << 20) // 5)
     engine = spawn_engine(
         "sglang", model_path=QWEN3, extra=["--served-model-name", MODEL, "--max-context-length", "4096"]
     )
@@ -124,13 +124,15 @@ def _probe(client: httpx.Client, raw: bytes, stop: threading.Event, into: list[f
 def relay(args: argparse.Namespace) -> None:
     small = orjson.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
     big = orjson.dumps(
-        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * (args.mib << 18)}]}
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * ((args.mib << 20) // 5)}]}
     )
     worker = spawn_worker(models=["m"])
     gateway = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            gateway = spawn_gateway([worker.url], journal=Path(tmp) / "j.db", root=args.root)
+            # Forty bodies of 20 MiB take longer than the default 30 s to arrive on a busy machine.
+            slow = ["--header-read-timeout-secs", "600"]
+            gateway = spawn_gateway([worker.url], journal=Path(tmp) / "j.db", extra=slow, root=args.root)
             pid = gateway.proc.pid
             with httpx.Client(base_url=gateway.url, timeout=600) as client:
                 idle = [_timed(client, small) for _ in range(50)]
@@ -156,6 +158,8 @@ def relay(args: argparse.Namespace) -> None:
                     f"rss after {_status_mb(pid, 'VmRSS')} MB, peak {_status_mb(pid, 'VmHWM')} MB",
                     flush=True,
                 )
+                time.sleep(args.settle)  # the journal commits what it holds; freed memory is released
+                print(f"  rss {args.settle:g} s later: {_status_mb(pid, 'VmRSS')} MB", flush=True)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -192,6 +196,7 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--bodies", type=int, default=40)
     r.add_argument("--mib", type=int, default=20)
+    r.add_argument("--settle", type=float, default=10.0)
     r.add_argument("--root", type=Path, default=None)
     args = parser.parse_args()
     prompt(args) if args.mode == "prompt" else relay(args)
