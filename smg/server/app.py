@@ -24,9 +24,10 @@ from smg.projection import Whole, error_response
 from smg.protocol.errors import ApiError, reason_phrase
 from smg.protocol.hops import HOP_HEADER, check_hops
 from smg.routing.router import Router, WorkerSpec
-from smg.server import messages, tokenizers, workers
+from smg.server import memory, messages, tokenizers, workers
 from smg.server.auth import caller, check_admin
 from smg.server.cors import CorsPolicy
+from smg.server.lingering import discard_bound, discard_refused_body
 from smg.server.models import list_models, retrieve_model
 from smg.server.request_id import resolve_request_ids
 from smg.server.state import Gateway
@@ -149,6 +150,7 @@ def build_app(
 
     @app.before_server_start
     async def _start(app: Sanic[Any, Any]) -> None:
+        memory.map_large_blocks()
         if observability.enable_trace:
             tracing.install(observability.otlp_traces_endpoint)
         for server in metrics_server:
@@ -338,6 +340,9 @@ def build_app(
         status = int(getattr(exc, "status_code", 500) or 500)
         if isinstance(exc, PayloadTooLarge) and "header" in str(exc).lower():
             status = 431  # Sanic says 413 for a head past its limit: that is 431 (RFC 6585)
+        elif isinstance(exc, PayloadTooLarge):
+            config = request.app.ctx.gateway.config
+            discard_refused_body(request, discard_bound(config.max_payload_size), config.header_read_timeout_secs)
         if request.path.startswith("/v1/messages") or "anthropic-version" in request.ctx.headers:
             code = {413: "request_body_too_large", 431: "request_header_fields_too_large"}.get(status)
             message = str(exc) or reason_phrase(status)

@@ -27,6 +27,8 @@ from typing import Any
 from sanic.exceptions import RequestTimeout
 from sanic.server.protocols.http_protocol import HttpProtocol
 
+from smg.server.lingering import LingeringHttpProtocol
+
 log = logging.getLogger("smg.server")
 
 _FULL = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
@@ -57,7 +59,7 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
     """Sanic's HTTP protocol with the two limits (a class per app: Sanic takes a class)."""
     cap = _Cap()
 
-    class GuardedHttpProtocol(HttpProtocol):
+    class GuardedHttpProtocol(LingeringHttpProtocol):
         __slots__ = ("_reading_since", "_refused", "_expired", "_spoke")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -109,7 +111,7 @@ def guarded_protocol(header_read_timeout: float, max_connections: int) -> type[H
         def connection_lost(self, exc: BaseException | None) -> None:
             cap.silent.pop(self, None)
             if not self._refused:
-                super().connection_lost(exc)  # type: ignore[no-untyped-call]
+                super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if not self._spoke:

@@ -237,6 +237,10 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 usage=completed.usage,
                 disconnected=disconnected,
             )
+        # Sanic keeps the request in a context variable, and every task and timer started while
+        # it was handled (an upstream connection's, kept in the pool) keeps a copy of that
+        # context: the request object may outlive it for minutes, its body must not.
+        request.body = b""
         release_after(len(body))
 
 

@@ -220,6 +220,17 @@ def test_the_pair_window_is_the_smaller_of_the_legs(pd: Deployment) -> None:
     assert pd.controls["prefill"].received() == [] and pd.controls["decode"].received() == []
 
 
+def test_a_tool_description_no_leg_can_hold_is_refused_untokenized(pd: Deployment) -> None:
+    tools = [{"name": "t", "description": "word " * (400 << 10), "input_schema": {"type": "object"}}]  # 2 MiB
+    reply = pd.post({**BODY, "tools": tools})
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["x-smg-error-code"] == "context_length_exceeded"
+    assert "However, your request has at least" in reply.json()["error"]["message"]
+    events = wait_for_events(pd.journal, reply.headers["x-request-id"])
+    assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
+    assert pd.controls["prefill"].received() == [] and pd.controls["decode"].received() == []
+
+
 def test_a_client_gone_midstream_aborts_the_decode_leg(pd: Deployment) -> None:
     pd.controls["decode"].script({"text": "a b c d e f g", "hold_after": 2})
     with httpx.stream("POST", pd.gateway.url + "/v1/messages", json={**BODY, "stream": True}) as response:

@@ -124,6 +124,19 @@ def test_max_tokens_is_the_engines_limit(http: httpx.Client, control: EngineCont
     assert control.received()[-1]["sampling_params"]["max_tokens"] == 3
 
 
+def test_a_system_prompt_no_window_can_hold_is_refused_untokenized(
+    http: httpx.Client, control: EngineControl, zmq_journal: Path
+) -> None:
+    body = {"model": MODEL, "max_tokens": 10, "messages": USER, "system": "fox " * (512 << 10)}  # 2 MiB
+    reply = http.post("/v1/messages", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["x-smg-error-code"] == "context_length_exceeded"
+    assert f"maximum context length is {WINDOW} tokens. However, your request has at least" in reply.text
+    events = wait_for_events(zmq_journal, reply.headers["x-request-id"])
+    assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
+    assert control.received() == []
+
+
 def test_an_over_long_prompt_is_refused_before_the_engine_then_a_normal_request_works(
     http: httpx.Client, control: EngineControl
 ) -> None:

@@ -44,7 +44,7 @@ from smg.pipeline.generation import Generation, GenerationSettings, empty_messag
 from smg.pipeline.media import load_images, user_images
 from smg.pipeline.output import OutputPlan, apply_plan, build_stages, plan_output
 from smg.pipeline.render import Prompt, render_prompt
-from smg.pipeline.render.bound import prompt_token_floor
+from smg.pipeline.render.bound import context_exceeded, prompt_token_floor
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.pipeline.tokenizers.tokenizer import Tokenizer, warm_import
 from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
@@ -59,16 +59,6 @@ _RENDER_INLINE_BYTES = 16_384
 
 def new_message_id() -> str:
     return random_id("msg_")
-
-
-def context_exceeded(limit: int, tokens: int, *, at_least: bool = False) -> ApiError:
-    count = f"at least {tokens}" if at_least else str(tokens)
-    return ApiError(
-        400,
-        f"This model's maximum context length is {limit} tokens. However, your request has {count} input "
-        "tokens. Please reduce the length of the input.",
-        code="context_length_exceeded",
-    )
 
 
 def error_event(err: ApiError, stage: str = "engine") -> Error:
@@ -300,16 +290,22 @@ class EngineConnector:
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
         windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
-        if windows and call.endpoint == "messages" and len(call.raw) > _RENDER_INLINE_BYTES:
-            # Refused before rendering when no worker's window can hold it, whatever the template does.
+        # The window a prompt must certainly exceed to be refused untokenized: a generation's
+        # worker is chosen later (the largest window may take it), `max_tokens: 0` answers
+        # within the smallest; count_tokens counts whatever the length.
+        within = None
+        if windows and call.endpoint == "messages":
+            within = max(windows) if generating else min(windows)
+        if within is not None and len(call.raw) > _RENDER_INLINE_BYTES:
+            # Refused before rendering when the user text alone cannot fit, whatever the template does.
             floor = prompt_token_floor(tokenizer, request)
-            if floor > max(windows):
-                raise context_exceeded(max(windows), floor, at_least=True)
+            if floor > within:
+                raise context_exceeded(within, floor, at_least=True)
         if len(call.raw) > _RENDER_INLINE_BYTES:
             # A long conversation renders for tens of milliseconds: not on the event loop.
-            prompt = await asyncio.to_thread(render_prompt, tokenizer, request)
+            prompt = await asyncio.to_thread(render_prompt, tokenizer, request, within=within)
         else:
-            prompt = render_prompt(tokenizer, request)
+            prompt = render_prompt(tokenizer, request, within=within)
         entry = self.tokenizers.lookup(call.model)
         source = entry.source if entry is not None else None
 

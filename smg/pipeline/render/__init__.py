@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smg.observability import tracing
+from smg.pipeline.render.bound import check_rendered
 from smg.pipeline.render.convert import convert_messages, convert_tools
 from smg.pipeline.tokenizers import ChatTemplateError, Tokenizer
 from smg.protocol.errors import ApiError
@@ -43,9 +44,13 @@ def render_prompt(
     tokenizer: Tokenizer,
     request: CreateMessageRequest | CountTokensRequest,
     image_placeholder: str | None = None,
+    *,
+    within: int | None = None,
 ) -> Prompt:
     """Render and tokenize a request. A conversation the template refuses is a 400
-    (`process_messages_failed`); a prompt that does not encode is a 500 (`tokenization_failed`)."""
+    (`process_messages_failed`); a prompt that does not encode is a 500 (`tokenization_failed`);
+    `within`: a prompt text that certainly has more tokens is a 400 (`context_length_exceeded`),
+    refused before it is tokenized."""
     messages = convert_messages(request, tokenizer.content_format, image_placeholder)
     tools = convert_tools(request.tools, request.tool_choice)
     thinking = _requested_thinking(request)
@@ -69,6 +74,8 @@ def render_prompt(
             )
     except ChatTemplateError as exc:
         raise ApiError(400, f"Failed to apply chat template: {exc}", code="process_messages_failed") from exc
+    if within is not None:
+        check_rendered(tokenizer, text, within)
     try:
         with tracing.stage("tokenize"):
             ids = tokenizer.encode(text)
