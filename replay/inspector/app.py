@@ -40,8 +40,9 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 from textual.widgets.data_table import CellKey, RowKey
 
-from journal import groups, threads
+from journal import groups, threads, waterfall
 from journal.reader import JournalError, JournalReader
+from replay import answer
 from replay.inspector import actions, render
 from replay.inspector.data import (
     FOLLOW_MAX,
@@ -148,6 +149,12 @@ class DetailScreen(Screen[None]):
             with TabPane("Response", id="response"):
                 with VerticalScroll():
                     yield Static(render.response_view(d.response, d.response_error), id="response-view")
+            with TabPane("Answer", id="answer"):
+                with VerticalScroll():
+                    yield Static(self._answer(), id="answer-view")
+            with TabPane("Waterfall", id="waterfall"):
+                with VerticalScroll():
+                    yield Static(answer.waterfall_view(waterfall.stages(d.raw)), id="waterfall-view")
             with TabPane(f"Tokens ({len(tokens)})", id="tokens"):
                 yield Static(id="tokens-note")
                 yield DataTable(id="tokens-table", cursor_type="row", zebra_stripes=True)
@@ -155,6 +162,12 @@ class DetailScreen(Screen[None]):
                 with VerticalScroll():
                     yield Static(render.errors_view(errors, d.events), id="errors-view")
         yield Footer()
+
+    def _answer(self) -> RenderableType:
+        try:
+            return answer.answer_view(answer.assemble(self.detail.events))
+        except Exception as exc:  # a projection bug must not hide the rest of the request
+            return Text(f"answer unavailable: {type(exc).__name__}: {exc}", style="yellow")
 
     def on_mount(self) -> None:
         timeline = self.query_one("#timeline-table", DataTable)
