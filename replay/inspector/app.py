@@ -25,20 +25,23 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from rich.console import Group, RenderableType
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual import events, on
 from textual._two_way_dict import TwoWayDict
 from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
-from textual.widgets.data_table import CellKey, RowKey
+from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 
 from journal import groups, threads, waterfall
 from journal.reader import JournalError, JournalReader
@@ -54,9 +57,13 @@ from replay.inspector.data import (
     load_detail,
     load_tokenizer,
 )
+from replay.inspector.render import Stamp
 
 # Load the next page when the cursor comes this close to the last loaded row.
 _PAGE_AHEAD = 10
+# Rendered cells kept (a few screens of rows, in each of their highlight states).
+_CELL_CACHE = 20_000
+_PLAIN = Style()
 # Rows in flight whose summary the timer re-reads (the newest ones).
 _MAX_INFLIGHT_REFRESH = 200
 # New rows go into the list at most this many per frame. Each frame that changes the list
@@ -87,13 +94,88 @@ class RequestTable(DataTable[Any]):
 
     Rows are put in order and removed many at a time (`order_rows`, `remove_rows`): DataTable's
     own `remove_row` re-indexes every row per call and `sort` calls a key per row, which at a
-    few thousand rows held the UI thread for seconds under live traffic.
+    few thousand rows held the UI thread for seconds under live traffic. Rendered cells are
+    kept by row key (`_render_cell`): DataTable drops every one whenever anything changes, and
+    re-rendering a screen of cells took a tenth of a second or more each time new rows arrived.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("home", "scroll_top", "Top", show=False),
         Binding("end", "scroll_bottom", "Bottom", show=False),
     ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._versions: dict[RowKey, int] = {}  # bumped when a row's cells change
+        self._cells: LRUCache[tuple[Any, ...], list[list[Segment]]] = LRUCache(_CELL_CACHE)
+
+    def update_cell(self, row_key: RowKey | str, column_key: ColumnKey | str, value: Any, *,
+                    update_width: bool = False) -> None:  # fmt: skip
+        key = RowKey(row_key) if isinstance(row_key, str) else row_key
+        self._versions[key] = self._versions.get(key, 0) + 1
+        super().update_cell(row_key, column_key, value, update_width=update_width)
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> list[list[Segment]]:
+        if row_index < 0 or column_index < 0:  # the header and row labels: as DataTable does
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        key = (row_key, column_key, self._versions.get(row_key, 0), base_style, width, cursor, hover,
+               self._show_hover_cursor, self._pseudo_class_state, self.rows[row_key].height)  # fmt: skip
+        cached = self._cells.get(key)
+        if cached is None:
+            cell = self._data[row_key].get(column_key)
+            fast = self._one_line(cell, base_style, width, cursor, hover) if self.rows[row_key].height == 1 else None
+            if fast is None:
+                lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+                self._cells[key] = [list(line) for line in lines]
+                return lines
+            self._cells[key] = cached = fast
+        # The click target (`row`, `column` meta) is the row's current place, not where it was.
+        meta = Style.from_meta({"row": row_index, "column": column_index})
+        return [[Segment(seg.text, (seg.style or _PLAIN) + meta, seg.control) for seg in line] for line in cached]
+
+    def _one_line(
+        self, cell: Any, base_style: Style, width: int, cursor: bool, hover: bool
+    ) -> list[list[Segment]] | None:
+        """A one-line text cell as DataTable renders it (padded, aligned, cropped, styled), made
+        directly: rich's general path (padding, wrapping, cropping lines) costs ten times more."""
+        if isinstance(cell, Stamp):
+            cell = cell.__rich__()
+        if not isinstance(cell, Text) or "\n" in cell.plain:
+            return None
+        component_style, post_style = self._get_styles_to_render_cell(
+            False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
+            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css",
+        )  # fmt: skip
+        pad = self.cell_padding
+        inner = max(0, width - 2 * pad)
+        text = cell.copy()
+        justify = cell.justify if cell.justify in ("center", "right") else "left"
+        # As rich pads a line: a left-justified text's room after it is not in its style.
+        if justify == "left":
+            text.truncate(inner)
+        else:
+            text.align(cast(Any, justify), inner)
+        console = self.app.console
+        # `Text.render` leaves the text's own style out (its `__rich_console__` adds it).
+        own = list(
+            Segment.apply_style(text.render(console), console.get_style(text.style))
+            if text.style
+            else text.render(console)
+        )
+        gap = [Segment(" " * pad)] if pad else []
+        room = [Segment(" " * (inner - text.cell_len))] if text.cell_len < inner else []
+        segments = [*gap, *own, *room, *gap]
+        return [list(Segment.apply_style(segments, base_style + component_style, post_style))]
 
     def row_ids(self) -> list[str]:
         """The rows' keys, top to bottom."""

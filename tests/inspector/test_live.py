@@ -11,9 +11,11 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from rich.segment import Segment
+from rich.style import Style
 from textual import events
 from textual.keys import _character_to_key
-from textual.widgets import Input
+from textual.widgets import DataTable, Input
 
 from replay.inspector import InspectorApp
 from replay.inspector.app import TextModal
@@ -23,6 +25,11 @@ from tests.inspector.test_app import SIZE, ids_in, static_text
 
 def _key(char: str) -> events.Key:
     return events.Key(_character_to_key(char) if not char.isalnum() else char, char)
+
+
+def shown(lines: list[list[Segment]]) -> list[list[tuple[str, Style | None]]]:
+    """Each character of rendered lines with its style: what the terminal gets."""
+    return [[(char, seg.style) for seg in line for char in seg.text] for line in lines]
 
 
 def newest(app: InspectorApp) -> str:
@@ -134,3 +141,29 @@ async def test_the_list_follows_new_traffic_at_the_top_and_stops_when_moved(tmp_
             await pilot.press("down", "home")  # returning to the top follows again
             await pilot.pause()
             assert app.following
+
+
+async def test_the_lists_cells_render_as_datatable_renders_them(tmp_path: Path) -> None:
+    """The list renders its one-line cells itself and keeps them by row: the same segments as
+    DataTable's own rendering, in every highlight state, and the click target of the row's
+    current place after rows went in above."""
+    journal = await write_journal(tmp_path / "cells.db", sample_requests(fillers=3))
+    app = InspectorApp(journal, refresh_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.table
+        await pilot.pause()
+        own = DataTable._render_cell
+        for row in range(table.row_count):
+            for column in range(len(table.columns)):
+                for cursor, hover in ((False, False), (True, False), (False, True)):
+                    style = table._get_row_style(row, table.rich_style)
+                    width = table.ordered_columns[column].get_render_width(table)
+                    for _ in range(2):  # made, then from the cache
+                        mine = table._render_cell(row, column, style, width, cursor, hover)
+                        assert shown(mine) == shown(own(table, row, column, style, width, cursor, hover))
+        first = table.row_ids()[0]
+        table.order_rows([*table.row_ids()[1:], first])  # the first row moves to the end
+        last = table.row_count - 1
+        style = table._get_row_style(last, table.rich_style)
+        lines = table._render_cell(last, 0, style, table.ordered_columns[0].get_render_width(table))
+        assert {seg.style.meta["row"] for seg in lines[0] if seg.style} == {last}
