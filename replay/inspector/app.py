@@ -128,6 +128,8 @@ class RequestTable(DataTable[Any]):
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         row_key = self._row_locations.get_key(row_index)
         column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
         key = (row_key, column_key, self._versions.get(row_key, 0), base_style, width, cursor, hover,
                self._show_hover_cursor, self._pseudo_class_state, self.rows[row_key].height)  # fmt: skip
         cached = self._cells.get(key)
@@ -180,7 +182,7 @@ class RequestTable(DataTable[Any]):
     def row_ids(self) -> list[str]:
         """The rows' keys, top to bottom."""
         locations = self._row_locations
-        return [str(locations.get_key(i).value) for i in range(self.row_count)]
+        return [str(key.value) for i in range(self.row_count) if (key := locations.get_key(i)) is not None]
 
     def order_rows(self, ids: list[str]) -> None:
         """Show the rows in this order (every row's key, once)."""
