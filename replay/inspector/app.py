@@ -22,6 +22,7 @@ import asyncio
 import heapq
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from os import PathLike
@@ -80,6 +81,8 @@ class _Look:
     columns: list[str]
     fresh: list[tuple[dict[str, Any], list[Any]]] = field(default_factory=list)
     overflow: bool = False
+    newest: tuple[list[tuple[dict[str, Any], list[Any]]], int, bool, float] | None = None
+    """After an overflow, for a list that follows: the first page, count, has_more, when read."""
     refreshed: list[tuple[dict[str, Any], list[Any]]] = field(default_factory=list)
 
 
@@ -508,8 +511,9 @@ class InspectorApp(App[None]):
             pending = [rid for rid, row in self.rows.items() if not row.get("completed")]
             pending.sort(key=lambda rid: self.rows[rid].get("ts") or 0.0, reverse=True)
             follow = not self.behind and self.search is None
+            pending = pending[:_MAX_INFLIGHT_REFRESH]
             try:
-                look = await asyncio.to_thread(self._look, follow, pending[:_MAX_INFLIGHT_REFRESH], list(self.columns))
+                look = await asyncio.to_thread(self._look, follow, self.following, pending, list(self.columns))
             except (QueryError, sqlite3.Error, JournalError) as exc:
                 if self.screen_stack:
                     self._status(Text(f"journal read failed: {exc}", style="red"))
@@ -518,14 +522,19 @@ class InspectorApp(App[None]):
         finally:
             self._polling = False
 
-    def _look(self, follow: bool, pending: list[str], columns: list[str]) -> _Look:
+    def _look(self, follow: bool, following: bool, pending: list[str], columns: list[str]) -> _Look:
         """The poll's reads (on a worker thread)."""
         with self._source_lock:
             look = _Look(self._generation, columns)
             fresh: list[dict[str, Any]] = []
             if follow:
                 fresh, look.overflow = self.source.newer()
-            refreshed = self.source.refreshed(pending) if pending else []
+            if look.overflow and following:  # the newest page instead, as `g` would read it
+                when = time.time()
+                rows, total = self.source.reader.page(self.source.page_size, query=self.source.query, descending=True)
+                cells = [(row, render.list_cells(row, columns)) for row in rows]
+                look.newest = (cells, total, len(rows) == self.source.page_size, when)
+            refreshed = self.source.refreshed(pending) if pending and look.newest is None else []
         look.fresh = [(row, render.list_cells(row, columns)) for row in fresh]
         look.refreshed = [(row, render.list_cells(row, columns)) for row in refreshed]
         return look
@@ -538,8 +547,8 @@ class InspectorApp(App[None]):
         if not self._current(look):
             return
         if look.overflow:
-            if self.following:  # like `tail -f`: a follower is shown the newest, not the gap
-                self.reload()
+            if look.newest is not None and self.following:  # like `tail -f`: the newest, not the gap
+                self._start_over(look.newest, look.columns)
                 return
             # Too many to insert above the user: say so, keep the list, stop following.
             self.behind = 1
@@ -558,6 +567,25 @@ class InspectorApp(App[None]):
             self._update_status()
         self._refresh_inflight(look)
         self._trim()
+        self._update_status()
+
+    def _start_over(self, newest: tuple[list[tuple[dict[str, Any], list[Any]]], int, bool, float],
+                    columns: list[str]) -> None:  # fmt: skip
+        """Show the newest page a look read (the list follows, and a burst overflowed it)."""
+        cells, total, has_more, when = newest
+        with self._source_lock:
+            self._generation += 1
+            self.source.adopt(self.source.query, [row for row, _ in cells], has_more, when)
+        self.rows.clear()
+        self.table.clear()
+        self.total = total
+        for row, made in cells:
+            self.rows[row["id"]] = row
+            self.table.add_row(
+                *(made if columns == self.columns else render.list_cells(row, self.columns)), key=row["id"]
+            )
+        self._offset = None
+        self.table.move_cursor(row=0, animate=False)
         self._update_status()
 
     async def _next_frame(self) -> None:

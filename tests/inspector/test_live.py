@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Input
 
 from replay.inspector import InspectorApp
 from replay.inspector.app import TextModal
-from tests.inspector.conftest import LiveWriter, sample_requests, write_journal
+from tests.inspector.conftest import T0, LiveWriter, relay_ok, sample_requests, write_journal
 from tests.inspector.test_app import SIZE, ids_in, static_text
 
 
@@ -167,3 +167,21 @@ async def test_the_lists_cells_render_as_datatable_renders_them(tmp_path: Path) 
         style = table._get_row_style(last, table.rich_style)
         lines = table._render_cell(last, 0, style, table.ordered_columns[0].get_render_width(table))
         assert {seg.style.meta["row"] for seg in lines[0] if seg.style} == {last}
+
+
+async def test_a_burst_too_large_to_insert_while_following_shows_the_newest_page(tmp_path: Path) -> None:
+    journal = await write_journal(tmp_path / "flood.db", sample_requests(fillers=10))
+    app = InspectorApp(journal, page_size=5, refresh_s=0.05, follow_max=6)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.following
+        await write_journal(journal, {f"req_flood_{i}": relay_ok(T0 + 100 + i) for i in range(8)})
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if ids_in(app)[0] == "req_flood_7":
+                break
+        assert ids_in(app) == [f"req_flood_{i}" for i in (7, 6, 5, 4, 3)]
+        assert not app.behind and app.following and app.selected_id() == "req_flood_7"
+        assert "5 of 23 shown (more below)" in static_text(app, "#list-status")
+        await pilot.press("end")  # the next page follows on from the one read
+        await pilot.pause()
+        assert ids_in(app)[5:7] == ["req_flood_2", "req_flood_1"]
