@@ -34,7 +34,7 @@ from journal.pieces import TextPieces, text_piece
 from journal.redact import SECRET_HEADERS
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
-from replay.diff import Difference, deterministic, diff, from_http
+from replay.diff import Difference, Outcome, deterministic, diff, from_http
 from smg.projection import reconstruct
 from smg.protocol import codec
 from smg.protocol.errors import ApiError, describe_exception, error_from_upstream
@@ -228,6 +228,30 @@ async def replay_to(
             original, from_http(result.status, result.headers, result.body), text=result.text_compared, exact=exact
         )
     return result
+
+
+def is_replay_run(events: Iterable[Event]) -> bool:
+    """Whether these are the events `replay_to` journals for its own run (`routed` to `replay`)."""
+    return any(isinstance(e, Routed) and e.backend == "replay" for e in events)
+
+
+def target_answer(events: Iterable[Event]) -> Outcome | None:
+    """The target's answer as a replay run journaled it (`upstream` head, then its body or
+    chunks), folded for `diff`: what `replay_to` itself compared. Rebuilding it through the
+    relay projection instead would drop the target's `x-smg-error-code`, which a relay never
+    passes on, and report a minted error's code as a difference. None without an answer."""
+    head: Upstream | None = None
+    body = b""
+    for event in events:
+        if not isinstance(event, Upstream):
+            continue
+        if event.part == "head":
+            head, body = event, b""
+        elif head is not None and event.part in ("chunk", "body"):
+            body += event.payload()
+    if head is None:
+        return None
+    return from_http(head.status, head.headers or {}, body)
 
 
 def _target_error(result: RemoteResult) -> Error:

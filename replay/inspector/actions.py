@@ -85,9 +85,16 @@ def against_original(reader: JournalReader, detail: RequestDetail) -> Comparison
         raise Unavailable(f"{detail.id} replays {original_id}, which is not in this journal")
     if original.response is None or detail.response is None:
         raise Unavailable(original.response_error or detail.response_error or "a response cannot be rebuilt")
+    # A run `smg replay` journaled holds the target's answer as received: compared as such
+    # (its error code included), like the command compared it.
+    from replay.remote import is_replay_run, target_answer
+
+    replayed: diffing.Side = detail.response
+    if is_replay_run(detail.events):
+        replayed = target_answer(detail.events) or detail.response
     # Another generation's text is only expected to match when decoding was greedy.
     text = diffing.deterministic(_json(original.received.body if original.received else None))
-    found = diffing.diff(original.response, detail.response, text=text)
+    found = diffing.diff(original.response, replayed, text=text)
     note = "text compared (greedy decoding)" if text else "text not compared (sampling was not greedy)"
     verdict = "same" if not found else f"{len(found)} differences"
     return Comparison(f"{detail.id} vs its original {original.id}: {verdict}", found, original.id, detail.id, note)

@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from journal import export as exporting
-from journal import groups, otlp, threads
+from journal import groups, otlp, threads, waterfall
 from journal import stats as statistics
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
 from journal.follow import Follower
@@ -40,6 +40,7 @@ from journal.query import QueryError, compile_query
 from journal.reader import JournalError, JournalNotFound, JournalReader
 from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
 from journal.summary import describe
+from replay.answer import answer_view, assemble, waterfall_view
 from smg.projection import reconstruct
 
 journal_app = typer.Typer(
@@ -149,12 +150,15 @@ def show(
     journal: JournalOpt = DEFAULT_PATH,
     as_json: JsonOpt = False,
 ) -> None:
-    """One request: its event timeline, the request, and the response the client got."""
+    """One request: its event timeline, the request, the response the client got, the answer
+    assembled from it (blocks, stop reason, usage) and a waterfall of its stages."""
     row, raw, events = _load(journal, request_id)
     response, why = _reconstruct(events)
+    answer, stages = _answer(events), waterfall.stages(raw)
 
     if as_json:
-        _echo_json(exporting.as_json(row, raw, response, response_error=why))
+        shown = exporting.as_json(row, raw, response, response_error=why)
+        _echo_json({**shown, "answer": answer, "waterfall": [s.to_dict() for s in stages]})
         return
 
     console = Console()
@@ -180,6 +184,16 @@ def show(
         console.print(f"[yellow]response view unavailable:[/] {escape(why or '')}")
     else:
         console.print(_response_view(response.status, dict(response.headers), response.body))
+    if answer is not None:
+        console.print(Panel(answer_view(answer), title="answer (as the client assembled it)", title_align="left"))
+    console.print(Panel(waterfall_view(stages), title="waterfall", title_align="left"))
+
+
+def _answer(events: list[Event]) -> dict[str, Any] | None:
+    try:
+        return assemble(events)
+    except Exception:  # a projection bug must not hide the rest of the request
+        return None
 
 
 @journal_app.command("tail")

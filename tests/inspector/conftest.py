@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,3 +281,74 @@ def real_journal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             gateway.stop()
         engine.stop()
         worker.stop()
+
+
+# --- a gateway's writer, on a thread of its own --------------------------------------------
+
+
+class LiveWriter:
+    """Relay requests written through `JournalWriter` on a thread with its own event loop,
+    `per_tick` every `tick_s` (10 per 0.1 s: 100 a second), each one completing a tick after
+    it arrived, as a gateway under load leaves them in flight for a moment. `written` counts
+    the requests whose first events are committed; `wait_for(n)` blocks until n are."""
+
+    def __init__(self, path: Path, *, per_tick: int = 10, tick_s: float = 0.1, prefix: str = "req_live") -> None:
+        self.path = path
+        self.per_tick = per_tick
+        self.tick_s = tick_s
+        self.prefix = prefix
+        self.written = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> LiveWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.written >= count or self.error is not None, timeout):
+                raise AssertionError(f"the writer wrote {self.written} of {count} requests")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._write())
+        except BaseException as exc:  # reported by __exit__
+            self.error = exc
+            with self._cond:
+                self._cond.notify_all()
+
+    async def _write(self) -> None:
+        writer = JournalWriter(self.path)
+        await writer.start()
+        try:
+            n = 0
+            pending: list[tuple[str, list[Event]]] = []
+            while not self._stop.is_set():
+                for request_id, events in pending:  # last tick's requests complete
+                    for seq, event in enumerate(events[3:], start=4):
+                        await writer.append(request_id, seq, event)
+                pending = []
+                for _ in range(self.per_tick):
+                    request_id = f"{self.prefix}_{n:05d}"
+                    events = relay_ok(time.time())
+                    events[0].request_id = request_id  # type: ignore[attr-defined]
+                    for seq, event in enumerate(events[:3], start=1):
+                        await writer.append(request_id, seq, event)
+                    pending.append((request_id, events))
+                    n += 1
+                await writer.flush()
+                with self._cond:
+                    self.written = n
+                    self._cond.notify_all()
+                await asyncio.sleep(self.tick_s)
+        finally:
+            await writer.close()

@@ -270,14 +270,14 @@ async def test_paging_loads_one_page_at_a_time(tmp_path: Path) -> None:
     journal = await write_journal(tmp_path / "many.db", sample_requests(fillers=45))
     calls: list[dict[str, Any]] = []
     app = InspectorApp(journal, page_size=20, refresh_s=0)
-    original = app.reader.list_requests
+    original = app.source.reader.list_requests
 
     def spy(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         rows = original(*args, **kwargs)
         calls.append({"args": args, "kwargs": kwargs, "rows": len(rows)})
         return rows
 
-    app.reader.list_requests = spy  # type: ignore[method-assign]
+    app.source.reader.list_requests = spy  # type: ignore[method-assign]
     async with app.run_test(size=SIZE) as pilot:
         assert app.table.row_count == 20
         assert "20 of 50 shown (more below)" in static_text(app, "#list-status")

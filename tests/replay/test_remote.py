@@ -183,3 +183,41 @@ def test_answers_without_generation_replay_identically(
     result = replay_cli(traffic[name], gateway, replay_journal, "--api-key", API_KEY)
     assert result.exit_code == 0, result.output
     assert "identical" in result.output
+
+
+async def test_d_compares_a_replayed_error_with_its_original_without_a_false_code(
+    gateway: Spawned, replay_journal: Path
+) -> None:
+    """An error the gateway minted (404 `model_not_found`, with `X-SMG-Error-Code`) replayed to
+    the same gateway gets the same answer: the inspector's `d` finds no difference."""
+    import asyncio
+
+    import httpx
+
+    from replay.inspector import InspectorApp
+    from replay.inspector.app import TextModal
+    from tests.inspector.conftest import text
+
+    body = {"model": "no-such-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {API_KEY}", "x-request-id": "rp-minted-error"}
+    answer = httpx.post(f"{gateway.url}/v1/messages", json=body, headers=headers, timeout=30.0)
+    assert answer.status_code == 404 and answer.headers["x-smg-error-code"] == "model_not_found"
+    wait_for_events(replay_journal, "rp-minted-error")
+    with JournalReader(replay_journal) as reader:
+        original = str(reader.get_request("rp-minted-error")["id"])  # type: ignore[index]
+    result = await asyncio.to_thread(replay_cli, original, gateway, replay_journal, "--api-key", API_KEY)
+    assert result.exit_code == 0 and "identical" in result.output, result.output
+    replay_id = _REPLAY_ID.search(result.output)
+    assert replay_id is not None
+    app = InspectorApp(replay_journal, refresh_s=0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        app.open_request(replay_id.group(1))
+        await pilot.pause()
+        await pilot.press("d")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, TextModal)
+        title = text(app.screen.query_one("#modal-title").content)  # type: ignore[attr-defined]
+        body_text = text(app.screen.query_one("#modal-body").content)  # type: ignore[attr-defined]
+        assert f"vs its original {original}: same" in title, body_text
+        assert "error.code" not in body_text
