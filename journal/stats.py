@@ -55,19 +55,7 @@ def compute(
         f"count(CASE WHEN {numeric.format(c)} THEN 1 END), total(CASE WHEN {numeric.format(c)} THEN {c} END)"
         for c in ("duration_ms", "ttfe_ms")
     )
-    (
-        total,
-        completed,
-        errors,
-        first_ts,
-        last_ts,
-        input_tokens,
-        output_tokens,
-        rated,
-        rated_output,
-        rated_ms,
-        *sums,
-    ) = conn.execute(
+    totals = conn.execute(
         f"SELECT count(*), total(completed), total({_FAILED}), min(ts), max(ts),"
         f" total(input_tokens), total(output_tokens), total({_RATED}),"
         f" total(CASE WHEN {_RATED} THEN output_tokens END), total(CASE WHEN {_RATED} THEN duration_ms END),"
@@ -85,6 +73,30 @@ def compute(
         f" FROM requests WHERE {cond}",
         args,
     ).fetchall()
+    return summarize(totals, rows, percentiles)
+
+
+def summarize(
+    totals: Sequence[Any], rows: list[tuple[Any, ...]], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, Any]:
+    """`compute`'s dict from its two reads, whatever store ran them: `totals` (count, completed,
+    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens,
+    their milliseconds, then count and sum of the numeric durations and of the numeric times to
+    first event) and per selected request `(breakdown key, duration, ttfe, rate)`, the key a JSON
+    array of its status class, status, model, backend, error code and stop reason."""
+    (
+        total,
+        completed,
+        errors,
+        first_ts,
+        last_ts,
+        input_tokens,
+        output_tokens,
+        rated,
+        rated_output,
+        rated_ms,
+        *sums,
+    ) = totals
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 4
     del rows
     breakdowns: list[Counter[Any]] = [Counter() for _ in range(6)]

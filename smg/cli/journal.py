@@ -30,12 +30,11 @@ from rich.text import Text
 
 from journal import export as exporting
 from journal import groups, otlp, threads
-from journal import stats as statistics
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
-from journal.follow import Follower
 from journal.query import QueryError, compile_query
-from journal.reader import JournalError, JournalNotFound, JournalReader
+from journal.reader import JournalError, JournalNotFound
 from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
+from journal.store import REPLICA, JournalStore, open_journal, shown
 from journal.summary import describe
 from smg.projection import reconstruct
 
@@ -50,7 +49,7 @@ JournalOpt = Annotated[
         "--journal",
         "-j",
         envvar=ENV_VAR,
-        help=f"Journal file (default: ${ENV_VAR}, else ./{DEFAULT_PATH}).",
+        help=f"Journal file or postgresql:// URL of the fleet journal (default: ${ENV_VAR}, else ./{DEFAULT_PATH}).",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -65,24 +64,19 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _open(path: str) -> JournalReader:
+def _open(path: str) -> JournalStore:
     try:
-        return JournalReader(path)
+        return open_journal(path)
     except JournalError as exc:
         _fail(str(exc))
 
 
-def _compile(query: str, reader: JournalReader | None = None) -> tuple[str, list[Any]]:
-    """The query as SQL (over the reader's file when given); a bad query is a usage error (exit 2)."""
+def _compile(query: str) -> None:
+    """Fail on a bad query, before opening anything: a usage error (exit 2)."""
     try:
-        return reader.compile(query) if reader is not None else compile_query(query)
+        compile_query(query)
     except QueryError as exc:
         _fail(f"bad query {query!r}: {exc}", code=2)
-
-
-def _connection(reader: JournalReader) -> sqlite3.Connection:
-    """The reader's read-only connection, for the SQL of `journal.stats` and `journal.follow`."""
-    return reader.connection
 
 
 def _echo_json(value: Any) -> None:
@@ -105,6 +99,7 @@ def ls(
     if sort not in REQUEST_COLUMNS:
         _fail(f"--sort: no column {sort!r}; one of {', '.join(REQUEST_COLUMNS)}", code=2)
     with _open(journal) as reader:
+        where = reader.location
         try:
             rows, total = reader.page(limit, query=query, offset=offset, order=sort, descending=not asc)
         except QueryError as exc:
@@ -116,8 +111,8 @@ def ls(
     cells = [_cells(row) for row in rows]
     shown = f"{len(rows)} of {total}" if total != len(rows) else str(total)
     order = f"{sort}, {'smallest' if asc else 'largest'} first" if sort != "ts" else "oldest first" if asc else ""
-    title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({journal})"
-    console.print(_fit_table(console, title, cells))
+    title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({where})"
+    console.print(_fit_table(console, title, cells, replicas=any(row.get(REPLICA) for row in rows)))
 
 
 def _cells(row: dict[str, Any]) -> dict[str, str]:
@@ -135,6 +130,7 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
         "in/out": _tokens(row),
         "ttfe": _ms(row["ttfe_ms"]),
         "duration": _ms(row["duration_ms"]),
+        "replica": row.get(REPLICA) or "",
     }
 
 
@@ -202,9 +198,8 @@ def tail(
         if reader is None:
             return
         with reader:
-            where, params = _compile(query, reader)
-            follower = Follower(_connection(reader), where, params)
-            err.print(f"[dim]following {escape(journal)}{escape(f' for {query!r}') if query else ''}…[/]")
+            follower = reader.follower(query)
+            err.print(f"[dim]following {escape(reader.location)}{escape(f' for {query!r}') if query else ''}…[/]")
             shown = 0
             while True:
                 for request_id in follower.poll():
@@ -224,12 +219,12 @@ def tail(
         return
 
 
-def _wait_for(path: str, deadline: float | None, err: Console) -> JournalReader | None:
+def _wait_for(path: str, deadline: float | None, err: Console) -> JournalStore | None:
     """The journal, once it exists (a tail may start before the gateway); None on timeout."""
     said = False
     while True:
         try:
-            return JournalReader(path)
+            return open_journal(path)
         except JournalNotFound:
             if not said:
                 err.print(f"[dim]waiting for {escape(path)} to appear…[/]")
@@ -344,7 +339,7 @@ def export(
         _echo_json(exporting.as_har(events, response, url, creator_version=_version()))
 
 
-def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str, limit: int) -> None:
+def _export_many(reader: JournalStore, query: str, fmt: ExportFormat, url: str, limit: int) -> None:
     try:
         rows = reader.list_requests(limit, query=query, descending=False)
     except QueryError as exc:
@@ -405,12 +400,12 @@ def stats(
         _fail(str(exc), code=2)
     if by is not None or width is not None:
         with _open(journal) as reader:
-            where, params = _compile(query, reader)
-            rows = groups.compute(_connection(reader), where, params, by=by, every=width)
+            rows = reader.group_stats(query, by=by, every=width)
             points: list[tuple[Any, float | None]] = []
             if plot:  # the chart is of every group together: a second pass only for it
-                overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
+                overall = rows if by is None else reader.group_stats(query, every=width)
                 points = groups.series(overall, plot)
+            where = reader.location
         if as_json:
             _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
             return
@@ -418,16 +413,16 @@ def stats(
         if plot:
             console.print(_plot(points, plot, width or 60, query))
         else:
-            console.print(_groups_table(rows, by, width, query, journal))
+            console.print(_groups_table(rows, by, width, query, where))
         return
     with _open(journal) as reader:
-        where, params = _compile(query, reader)
-        numbers = statistics.compute(_connection(reader), where, params)
+        numbers = reader.stats(query)
+        where = reader.location
     if as_json:
         _echo_json(numbers)
         return
     console = Console()
-    console.print(_stats_view(numbers, query, journal))
+    console.print(_stats_view(numbers, query, where))
 
 
 @journal_app.command("thread")
@@ -448,7 +443,7 @@ def thread_cmd(
         except JournalError as exc:
             _fail(str(exc))
     if turns is None:
-        _fail(f"no request {request_id!r} with a conversation in {journal}")
+        _fail(f"no request {request_id!r} with a conversation in {shown(journal)}")
     if as_json:
         _echo_json(
             [
@@ -458,7 +453,7 @@ def thread_cmd(
         )
         return
     key = turns[0].row["thread_key"] if turns else ""
-    table = Table(title=f"{len(turns)} turns of conversation {key} ({journal})", title_justify="left")
+    table = Table(title=f"{len(turns)} turns of conversation {key} ({shown(journal)})", title_justify="left")
     for name, right in (("#", True), ("id", False), ("time", False), ("status", True), ("model", False)):
         table.add_column(name, justify="right" if right else "left", no_wrap=True)
     table.add_column("in/out", justify="right", no_wrap=True)
@@ -579,7 +574,7 @@ def _load(journal: str, request_id: str) -> tuple[dict[str, Any], list[exporting
         except JournalError as exc:
             _fail(str(exc))
         if row is None:
-            _fail(f"no request {request_id!r} in {journal}")
+            _fail(f"no request {request_id!r} in {shown(journal)}")
         raw = reader.raw_events(row["id"])
     known = set(event_kinds())
     return row, raw, [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
@@ -734,16 +729,19 @@ _ORDER = (
 )  # fmt: skip
 
 
-def _fit_table(console: Console, title: str, cells: list[dict[str, str]]) -> Table:
-    keep = len(_LS_COLUMNS)
+def _fit_table(console: Console, title: str, cells: list[dict[str, str]], *, replicas: bool = False) -> Table:
+    """The ls table; `replicas`: with the replica column (rows of the fleet journal)."""
+    columns = (*_LS_COLUMNS[:1], "replica", *_LS_COLUMNS[1:]) if replicas else _LS_COLUMNS
+    order = (*_ORDER[:1], "replica", *_ORDER[1:]) if replicas else _ORDER
+    keep = len(columns)
     while True:
-        shown = set(_LS_COLUMNS[:keep])
+        kept = set(columns[:keep])
         table = Table(title=title, title_justify="left")
-        for name in _ORDER:
-            if name in shown:
+        for name in order:
+            if name in kept:
                 table.add_column(name, no_wrap=True, justify="right" if name in _RIGHT else "left")
         for row in cells:
-            table.add_row(*(row[name] for name in _ORDER if name in shown))
+            table.add_row(*(row[name] for name in order if name in kept))
         width = Measurement.get(console, console.options.update_width(10_000), table).maximum
         if width <= console.width or keep <= 3:
             return table
