@@ -111,7 +111,7 @@ def open_journal(target: str | os.PathLike[str]) -> JournalStore:
     Raises `journal.reader.JournalNotFound`/`JournalError` as the reader does.
     """
     if is_postgres(target):
-        from journal.pgread import PostgresReader
+        from journal.pg.read import PostgresReader
 
         return PostgresReader(str(target))
     from journal.reader import JournalReader
