@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -50,16 +50,10 @@ def compute(
     """
     cond = f"({where})" if where.strip() else "1"
     args = list(params)
-    numeric = "typeof({0}) IN ('integer', 'real')"
-    means = ", ".join(
-        f"count(CASE WHEN {numeric.format(c)} THEN 1 END), total(CASE WHEN {numeric.format(c)} THEN {c} END)"
-        for c in ("duration_ms", "ttfe_ms")
-    )
     totals = conn.execute(
         f"SELECT count(*), total(completed), total({_FAILED}), min(ts), max(ts),"
         f" total(input_tokens), total(output_tokens), total({_RATED}),"
-        f" total(CASE WHEN {_RATED} THEN output_tokens END), total(CASE WHEN {_RATED} THEN duration_ms END),"
-        f" {means} FROM requests WHERE {cond}",
+        f" total(CASE WHEN {_RATED} THEN output_tokens END) FROM requests WHERE {cond}",
         args,
     ).fetchone()
     # One read of the selection: per request, its breakdowns' values as one JSON array (a key
@@ -80,25 +74,18 @@ def summarize(
     totals: Sequence[Any], rows: list[tuple[Any, ...]], percentiles: Sequence[float] = PERCENTILES
 ) -> dict[str, Any]:
     """`compute`'s dict from its two reads, whatever store ran them: `totals` (count, completed,
-    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens,
-    their milliseconds, then count and sum of the numeric durations and of the numeric times to
-    first event) and per selected request `(breakdown key, duration, ttfe, rate)`, the key a JSON
-    array of its status class, status, model, backend, error code and stop reason."""
-    (
-        total,
-        completed,
-        errors,
-        first_ts,
-        last_ts,
-        input_tokens,
-        output_tokens,
-        rated,
-        rated_output,
-        rated_ms,
-        *sums,
-    ) = totals
+    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens)
+    and per selected request `(breakdown key, duration, ttfe, rate)`, the key a JSON array of its
+    status class, status, model, backend, error code and stop reason, the rate None for a
+    request not rated.
+
+    Sums of milliseconds (the means, the rated time) are summed here, exactly (`math.fsum`):
+    the same number from any store, whatever order it reads the rows in."""
+    total, completed, errors, first_ts, last_ts, input_tokens, output_tokens, rated, rated_output = totals
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 4
     del rows
+    rated_ms = math.fsum(d for d, r in zip(columns[1], columns[3], strict=True) if r is not None and _number(d))
+    sums = [f(v for v in column if _number(v)) for column in columns[1:3] for f in (_count, math.fsum)]
     breakdowns: list[Counter[Any]] = [Counter() for _ in range(6)]
     for combination, n in Counter(columns[0]).items():
         for counter, value in zip(breakdowns, orjson.loads(combination), strict=True):
@@ -132,6 +119,15 @@ def summarize(
         "output_per_s_median": float(rates[rank(0.5, len(rates))]) if rates else None,
     }
     return out
+
+
+def _number(value: Any) -> bool:
+    """A number, as SQLite's `typeof` says `integer` or `real` (an older file may hold text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(values: Iterable[Any]) -> int:
+    return sum(1 for _ in values)
 
 
 def _ordered(counts: Counter[Any]) -> dict[Any, int]:

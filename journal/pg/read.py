@@ -225,18 +225,12 @@ class PostgresReader:
     # -- statistics -------------------------------------------------------------------------
 
     def stats(self, query: str = "") -> dict[str, Any]:
-        """`journal.stats.compute` of the requests `query` selects, read in PostgreSQL.
-
-        Sums of real numbers are summed exactly (`numeric`) and rounded once, as SQLite's
-        `total()` (compensated summation) all but always gives them."""
+        """`journal.stats.compute` of the requests `query` selects, read in PostgreSQL."""
         where, params = self.compile(query)
-        real = "COALESCE(sum(({0})::numeric), 0)::float8"
         totals = self._rows(
             f"SELECT count(*), COALESCE(sum(completed), 0), count(*) FILTER (WHERE {_FAILED}), min(ts), max(ts),"
             " COALESCE(sum(input_tokens), 0), COALESCE(sum(output_tokens), 0),"
-            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0),"
-            f" {real.format(f'CASE WHEN {_RATED} THEN duration_ms END')},"
-            f" count(duration_ms), {real.format('duration_ms')}, count(ttfe_ms), {real.format('ttfe_ms')}"
+            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0)"
             f" FROM requests WHERE {where}",
             params,
         )[0]

@@ -34,7 +34,7 @@ from journal.events import Counted, Event, Received, Rendered, Tokens, event_fro
 from journal.query import QueryError, compile_query
 from journal.reader import JournalError, JournalNotFound
 from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
-from journal.store import REPLICA, JournalStore, open_journal, shown
+from journal.store import REPLICA, JournalStore, is_postgres, open_journal, shown
 from journal.summary import describe
 from smg.projection import reconstruct
 
@@ -159,6 +159,7 @@ def show(
                 f"  {_clock(row['ts'], full=True)}  status {_status(row)}",
                 f"  model {row['model'] or '-'}  backend {row['backend'] or '-'}",
                 f"  worker {row['worker'] or '-'}",
+                *([f"  replica {row[REPLICA]}"] if row.get(REPLICA) else []),
                 *([f"  replay of {row['replay_of']}"] if row["replay_of"] else []),
             ),
             title="request",
@@ -535,7 +536,8 @@ def prune(
     """Delete whole requests, oldest first, by age and/or size (the one command that writes).
 
     Safe while the gateway runs: it deletes in small transactions the gateway interleaves
-    with its own, and keeps requests that may still be in flight.
+    with its own, and keeps requests that may still be in flight. On the fleet journal
+    (a postgresql:// URL) it drops whole days, and trims the day the age falls in.
     """
     from journal.retention import parse_age, parse_size
     from journal.retention import prune as prune_journal
@@ -548,19 +550,34 @@ def prune(
         max_bytes = parse_size(max_size) if max_size is not None else None
     except ValueError as exc:
         _fail(str(exc), code=2)
-    try:
-        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
-    except FileNotFoundError as exc:
-        _fail(str(exc))
-    except (sqlite3.DatabaseError, SchemaTooNew) as exc:
-        _fail(f"{journal} cannot be pruned: {exc}")
+    if is_postgres(journal):
+        result = _prune_fleet(journal, max_age_s, max_bytes)
+    else:
+        try:
+            result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
+        except FileNotFoundError as exc:
+            _fail(str(exc))
+        except (sqlite3.DatabaseError, SchemaTooNew) as exc:
+            _fail(f"{journal} cannot be pruned: {exc}")
     if as_json:
         _echo_json(vars(result))
         return
     typer.echo(
-        f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {journal}:"
+        f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {shown(journal)}:"
         f" {result.bytes_before / 1e6:.1f} MB -> {result.bytes_after / 1e6:.1f} MB of data"
     )
+
+
+def _prune_fleet(url: str, max_age_s: float | None, max_bytes: int | None) -> Any:
+    """`prune` of the fleet journal: whole days dropped (`journal.pg.prune`)."""
+    import psycopg
+
+    from journal.pg.prune import prune as prune_fleet
+
+    try:
+        return prune_fleet(url, max_age_s=max_age_s, max_bytes=max_bytes)
+    except psycopg.Error as exc:
+        _fail(f"{shown(url)} cannot be pruned: {str(exc).strip() or type(exc).__name__}")
 
 
 # -- pieces ------------------------------------------------------------------------------
