@@ -11,7 +11,7 @@ VLLM_STAMP  := $(VLLM_VENV)/.installed
 TINY_MODEL  := .cache/tiny-qwen3
 REAL_HF_MODEL := .cache/smollm2-hf
 
-.PHONY: demo demo-scripted model test bench bench-grpc test-vllm clean
+.PHONY: demo demo-scripted fleet model test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo: $(STAMP)
 # The scripted SGLang engine instead: one fixed sentence for every prompt, no model to fetch.
 demo-scripted: $(STAMP)
 	$(BIN)/python -m tools.demo --scripted
+
+# Opt-in: PostgreSQL in a temp dir, a scripted engine and two replicas shipping to one fleet journal.
+fleet: $(STAMP)
+	$(BIN)/python -m tools.fleet
 
 # Lint and types first (seconds), then the suite.
 test: $(STAMP)

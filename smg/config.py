@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.config import RouterConfig
 
@@ -41,6 +42,7 @@ class GatewayConfig:
     reasoning_parser: str | None = None  # gRPC: else detected from the model id
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)  # metrics, traces, JSON logs
     zmq_engine_count: int = 1  # data-parallel engines dialling each ipc:// worker
+    journal_sink: SinkConfig = field(default_factory=SinkConfig)  # --journal-sink, --replica-name
 
     def canonical_model(self, name: str) -> str:
         """Resolve a `--model-alias` name to its canonical model id (case-sensitive)."""

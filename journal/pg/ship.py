@@ -63,6 +63,9 @@ WITH new AS (
 )
 SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM new_events)
 """
+_EVENT_TYPES = ("int8", "int4", "text", "float8", "bytea")
+# The insert joins a batch's events to its new rows: a sort of tens of thousands of rows, in memory.
+_WORK_MEM = "SET LOCAL work_mem = '64MB'"
 _REPLICA = """
 INSERT INTO replicas (name, requests) VALUES (%(replica)s, %(shipped)s)
 ON CONFLICT (name) DO UPDATE SET requests = replicas.requests + EXCLUDED.requests, last_shipped_at = now()
@@ -122,11 +125,14 @@ def write(conn: psycopg.Connection[Any], replica: str, batch: Batch) -> Shipped:
     exist: `partitions.ensure`; the staging tables too: `prepare`)."""
     with conn.transaction():
         with conn.cursor() as cur:
+            cur.execute(_WORK_MEM)
             with cur.copy(f"COPY stage_requests (day, local_rk, {_COLS}) FROM STDIN") as copy:
                 for row in batch.requests:
                     values = [cast(v) for cast, v in zip(_CASTS, row[1:], strict=True)]
                     copy.write_row((partitions.day_of(values[_TS]), row[0], *values))
-            with cur.copy("COPY stage_events (local_rk, seq, kind, t, data) FROM STDIN") as copy:
+            # Binary: the payloads go as they are, not spelled in hex as text COPY would.
+            with cur.copy("COPY stage_events (local_rk, seq, kind, t, data) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(_EVENT_TYPES)
                 for rk, seq, kind, t, data in batch.events:
                     payload = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
                     copy.write_row((rk, seq, kind, t, payload))

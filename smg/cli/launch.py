@@ -313,6 +313,8 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
 
 def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket | None, retention: bool) -> None:
     from journal.writer import JournalWriter, NullJournal
+    from smg import journal_sink
+    from smg.observability import metrics
     from smg.server.app import build_app
     from smg.server.connections import default_max_connections, guarded_protocol
 
@@ -327,17 +329,25 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
         else NullJournal()
     )
     app = build_app(config, router, journal, static, admission=admission)
+    max_age_s = config.journal_retention[0] if config.journal_retention else None
+    shipper = journal_sink.start(config.journal_sink, config.journal_path, config.port, max_age_s)
+    if shipper is not None and metrics.current is not None:
+        metrics.current.state.sink = lambda: shipper.stats
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     max_connections = config.max_connections or default_max_connections()
     where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": config.host, "port": config.port}
-    app.run(
-        **where,
-        protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
-        single_process=True,
-        access_log=False,
-        motd=False,
-        debug=False,
-    )
+    try:
+        app.run(
+            **where,
+            protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
+            single_process=True,
+            access_log=False,
+            motd=False,
+            debug=False,
+        )
+    finally:
+        if shipper is not None:
+            shipper.stop()
 
 
 def _serve_forked(config: GatewayConfig, admission: Gates | None, workers: int) -> None:

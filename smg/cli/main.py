@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.cli.sink import sink_app
+from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
 from smg.routing.breaker import BreakerConfig
 from smg.routing.config import RouterConfig
@@ -29,6 +32,7 @@ app = typer.Typer(
 )
 app.add_typer(journal_app, name="journal")
 app.add_typer(engine_app, name="engine")
+app.add_typer(sink_app, name="journal-sink")
 app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
@@ -49,6 +53,7 @@ _COMPONENTS = (
     HealthConfig,
     *ADMISSION_COMPONENTS,
     ObservabilityConfig,
+    SinkConfig,
 )
 
 
@@ -263,6 +268,14 @@ def launch(
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
+        from smg import journal_sink
+
+        sink = build_component(SinkConfig, flags)
+        try:
+            journal_sink.prepare(sink, config.journal_path)
+        except journal_sink.SinkError as exc:
+            raise LaunchError(str(exc)) from None
+        config = dataclasses.replace(config, journal_sink=sink)
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
