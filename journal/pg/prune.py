@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from journal import packed
 from journal.pg import partitions
 from journal.retention import PruneResult
 
@@ -43,19 +44,30 @@ def _day_bytes(conn: psycopg.Connection[Any], day: date) -> int:
     return total
 
 
+def _held(conn: psycopg.Connection[Any], condition: sql.Composable, params: dict[str, Any]) -> int:
+    """How many events more than rows the packed runs matching `condition` hold (a run is one
+    row of several events: counted as what it holds, as the local prune counts)."""
+    extra = 0
+    with conn.cursor(name="smg_prune_runs") as cur:
+        cur.execute(
+            sql.SQL("SELECT data FROM events WHERE kind = {} AND ").format(sql.Literal(packed.RUN_KIND)) + condition,
+            params,
+        )
+        for (data,) in cur:
+            extra += packed.count(bytes(data)) - 1
+    return extra
+
+
 def _counts(conn: psycopg.Connection[Any], days: list[date]) -> tuple[int, int]:
-    """Requests and event rows in these days' partitions."""
-    requests = events = 0
-    for day in days:
-        for table in ("requests", "events"):
-            name = partitions.name(table, day)
-            if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone() == (True,):
-                row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name))).fetchone()
-                n = int(row[0]) if row else 0
-                if table == "requests":
-                    requests += n
-                else:
-                    events += n
+    """Requests and events (those packed runs hold counted one by one) in these days."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM requests WHERE day = ANY(%(days)s)),"
+        " (SELECT count(*) FROM events WHERE day = ANY(%(days)s))",
+        {"days": days},
+    ).fetchone()
+    requests, events = (int(row[0]), int(row[1])) if row else (0, 0)
+    with conn.transaction():  # a named cursor lives in a transaction
+        events += _held(conn, sql.SQL("day = ANY(%(days)s)"), {"days": days})
     return requests, events
 
 
@@ -68,6 +80,7 @@ def _drop(conn: psycopg.Connection[Any], cutoff: date) -> tuple[int, int]:
     return counted
 
 
+_DOOMED = "day = %(day)s AND rk IN (SELECT rk FROM requests WHERE day = %(day)s AND ts < %(cutoff)s)"
 _TRIM = """
 WITH gone AS (
     DELETE FROM requests WHERE day = %(day)s AND ts < %(cutoff)s RETURNING rk
@@ -94,10 +107,12 @@ def prune(
             boundary = partitions.day_of(cutoff)
             dropped, held = _drop(conn, boundary)
             requests, events = requests + dropped, events + held
+            trim = {"day": boundary, "cutoff": cutoff}
             with conn.transaction():
-                row = conn.execute(_TRIM, {"day": boundary, "cutoff": cutoff}).fetchone()
+                held = _held(conn, sql.SQL(_DOOMED), trim)
+                row = conn.execute(_TRIM, trim).fetchone()
             if row:
-                requests, events = requests + int(row[0]), events + int(row[1])
+                requests, events = requests + int(row[0]), events + int(row[1]) + held
         if max_bytes is not None:
             days = partitions.days(conn)
             newest = conn.execute("SELECT max(day) FROM requests").fetchone()

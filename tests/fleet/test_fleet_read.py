@@ -88,7 +88,7 @@ def _completed(path: Path) -> int:
         return reader.count("")
 
 
-def _ship(path: Path, url: str) -> None:
+def ship_all(path: Path, url: str) -> None:
     """Ship the file as `REPLICA` with the gateway's own shipper, until nothing is left queued."""
     shipper = Shipper(path, url, REPLICA, idle_s=0.02)
     shipper.start()
@@ -158,7 +158,7 @@ def fleet(worker: Spawned, postgres: PostgresServer, tmp_path_factory: pytest.Te
                 }
                 post(grpc, f"f-g-{name}-{'stream' if stream else 'plain'}", grpc_body)
         post(grpc, "f-g-count", {"model": GRPC_MODEL, "messages": user}, path="/v1/messages/count_tokens")
-        _ship(journal, url)
+        ship_all(journal, url)
         yield out
     finally:
         for proc in (grpc, relay, engine):
