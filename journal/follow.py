@@ -9,6 +9,7 @@ since the previous one plus the requests still in flight; nothing scans the whol
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,25 +20,15 @@ _CHUNK = 500  # ids per `IN (…)`: far below SQLite's variable limit
 class Follower:
     """Yields the ids of requests that complete after it was created, matching `where`.
 
-    `conn` is a DB-API connection with `execute` (sqlite3's, or psycopg's for the fleet
-    journal: a subclass says its placeholder and how a completed row reads).
-
     `lag` (seconds) re-reads a short window before the newest arrival seen, because rows are
     not committed in exact arrival order (concurrent requests). A request still in flight
     `horizon` seconds after it arrived is given up on (a gateway that crashed never completes
     it).
     """
 
-    TABLE = "requests"
-    MARK = "?"
-    """The connection's parameter placeholder."""
-    TRUE = "1"
-    COMPLETED = "completed = 1"
-    IN_FLIGHT = "completed = 0"
-
     def __init__(
         self,
-        conn: Any,
+        conn: sqlite3.Connection,
         where: str = "",
         params: Sequence[Any] = (),
         *,
@@ -46,7 +37,7 @@ class Follower:
         now: float | None = None,
     ) -> None:
         self._conn = conn
-        self._where = f"({where})" if where.strip() else self.TRUE
+        self._where = f"({where})" if where.strip() else "1"
         self._params = list(params)
         self._lag = lag
         self._horizon = horizon
@@ -54,13 +45,9 @@ class Follower:
         self._cursor = start - lag
         # What is already there is history: only requests in flight now may still be shown.
         self._waiting = dict(
-            conn.execute(
-                f"SELECT id, ts FROM {self.TABLE} WHERE ts > {self.MARK} AND {self.IN_FLIGHT}", (start - horizon,)
-            ).fetchall()
+            conn.execute("SELECT id, ts FROM requests WHERE ts > ? AND completed = 0", (start - horizon,)).fetchall()
         )
-        self._recent = dict(
-            conn.execute(f"SELECT id, ts FROM {self.TABLE} WHERE ts > {self.MARK}", (self._cursor,)).fetchall()
-        )
+        self._recent = dict(conn.execute("SELECT id, ts FROM requests WHERE ts > ?", (self._cursor,)).fetchall())
         self._cursor = max([self._cursor, *self._recent.values()])
 
     @property
@@ -73,8 +60,7 @@ class Follower:
         now = time.time() if now is None else now
         done: list[str] = []
         rows = self._conn.execute(
-            f"SELECT id, ts, completed FROM {self.TABLE} WHERE ts > {self.MARK} ORDER BY ts",
-            (self._cursor - self._lag,),
+            "SELECT id, ts, completed FROM requests WHERE ts > ? ORDER BY ts", (self._cursor - self._lag,)
         ).fetchall()
         for request_id, ts, completed in rows:
             if request_id in self._recent or ts is None:
@@ -89,7 +75,7 @@ class Follower:
         floor = self._cursor - self._lag
         self._recent = {k: ts for k, ts in self._recent.items() if ts > floor}
 
-        finished = self._select(self.COMPLETED, self._waiting)
+        finished = self._select("completed = 1", self._waiting)
         done.extend(finished)
         for request_id in finished:
             del self._waiting[request_id]
@@ -104,10 +90,10 @@ class Follower:
         out: list[tuple[float, str]] = []
         for i in range(0, len(ids), _CHUNK):
             chunk = ids[i : i + _CHUNK]
-            marks = ", ".join([self.MARK] * len(chunk))
+            marks = ", ".join("?" * len(chunk))
             out.extend(
                 self._conn.execute(
-                    f"SELECT ts, id FROM {self.TABLE} WHERE {condition} AND id IN ({marks})", [*params, *chunk]
+                    f"SELECT ts, id FROM requests WHERE {condition} AND id IN ({marks})", [*params, *chunk]
                 ).fetchall()
             )
         return [request_id for _, request_id in sorted(out)]

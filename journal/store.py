@@ -92,7 +92,8 @@ class JournalStore(Protocol):
         ...
 
     def follower(self, query: str = "") -> Following:
-        """A `journal.follow.Follower` over this store for `query`."""
+        """What `tail` polls for `query`: a file's `journal.follow.Follower`, the fleet
+        journal's `journal.pg.read.PgFollower` (by arrival in PostgreSQL)."""
         ...
 
     def interrupt(self) -> None:

@@ -24,7 +24,6 @@ import psycopg
 
 from journal import groups, packed, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
-from journal.follow import Follower
 from journal.pg import schema as pg_schema
 from journal.pg.query import _FAILED, compile_query
 from journal.reader import AmbiguousRequestId, JournalError, JournalNotFound
@@ -39,11 +38,52 @@ _RATED = "output_tokens IS NOT NULL AND +duration_ms > 0"
 _CONNECT_TIMEOUT_S = 10
 
 
-class PgFollower(Follower):
-    """`journal.follow.Follower` over the fleet journal (psycopg's placeholder and truth)."""
+class PgFollower:
+    """The requests that reach the fleet journal after it was created, matching `where`
+    (`smg journal tail`).
 
-    MARK = "%s"
-    TRUE = "TRUE"
+    A file's follower (`journal.follow`) goes by arrival and watches requests in flight; here
+    a request appears only once its replica has shipped it, completed, however long after its
+    arrival: the cursor is its arrival in PostgreSQL (`shipped_at`, the shipping transaction's
+    start), re-read `lag` seconds back for transactions that commit out of order, and the read
+    is bounded by the fleet-wide key (`rk`, from a sequence, so in insert order) less a margin
+    of `slack` rows, through the primary key, never a scan of the table.
+    """
+
+    def __init__(
+        self, reader: PostgresReader, where: str, params: Sequence[Any], *, lag: float = 5.0, slack: int = 100_000
+    ) -> None:
+        self._reader = reader
+        self._where = where
+        self._params = list(params)
+        self._lag = lag
+        self._slack = slack
+        found = reader._rows("SELECT COALESCE(max(rk), 0), extract(epoch FROM now())::float8 FROM requests")[0]
+        self._floor = int(found[0]) - slack
+        self._cursor = float(found[1])
+        # What is already there is history.
+        self._seen = {rk: at for rk, _, at in self._read()}
+
+    def _read(self) -> list[tuple[int, str, float]]:
+        rows = self._reader._rows(
+            "SELECT rk, id, extract(epoch FROM shipped_at)::float8 FROM requests"
+            f" WHERE rk > %s AND shipped_at > to_timestamp(%s) AND ({self._where}) ORDER BY ts, replica, local_rk",
+            [self._floor, self._cursor - self._lag, *self._params],
+        )
+        return [(int(rk), str(request_id), float(at)) for rk, request_id, at in rows]
+
+    def poll(self, now: float | None = None) -> list[str]:
+        """Ids of the matching requests shipped since the last poll, by arrival."""
+        fresh = [(rk, request_id, at) for rk, request_id, at in self._read() if rk not in self._seen]
+        for rk, _, at in fresh:
+            self._seen[rk] = at
+        if self._seen:
+            newest = max(self._seen.values())
+            self._cursor = max(self._cursor, newest)
+            self._floor = max(self._floor, max(self._seen) - self._slack)
+            floor = self._cursor - self._lag
+            self._seen = {rk: at for rk, at in self._seen.items() if at > floor}
+        return [request_id for _, request_id, _ in fresh]
 
 
 class PostgresReader:
@@ -270,25 +310,7 @@ class PostgresReader:
 
     def follower(self, query: str = "") -> PgFollower:
         where, params = self.compile(query)
-        return PgFollower(_Guarded(self), where, params)
-
-
-class _Guarded:
-    """The reader's connection as `Follower` uses one (`execute(...).fetchall()`), errors as `JournalError`."""
-
-    def __init__(self, reader: PostgresReader) -> None:
-        self._reader = reader
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Fetched:
-        return _Fetched(self._reader._rows(sql, params))
-
-
-class _Fetched:
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self._rows = rows
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return self._rows
+        return PgFollower(self, where, params)
 
 
 def _sortable(column: str) -> str:

@@ -13,8 +13,11 @@ of each JSON summary, which the fleet journal fills and a file leaves empty.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,11 +27,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from textual.coordinate import Coordinate
 from typer.testing import CliRunner, Result
 
 from journal.pg import schema
+from journal.pg.read import PostgresReader
 from journal.pg.shipper import Shipper
 from journal.reader import JournalReader
+from replay.inspector import InspectorApp
 from smg.cli.main import app
 from tests.conftest import MODEL, Scripted, wait_for_events
 from tests.replay.conftest import QWEN3, THINKING, WEATHER
@@ -83,20 +89,17 @@ class Fleet:
         return str(self.journal), self.url
 
 
-def _completed(path: Path) -> int:
-    with JournalReader(path) as reader:
-        return reader.count("")
-
-
 def ship_all(path: Path, url: str) -> None:
-    """Ship the file as `REPLICA` with the gateway's own shipper, until nothing is left queued."""
+    """Ship the file as `REPLICA` with the gateway's own shipper, until the fleet journal holds
+    every request the file has (all of them completed)."""
     shipper = Shipper(path, url, REPLICA, idle_s=0.02)
     shipper.start()
     try:
         deadline = time.monotonic() + 60
-        while shipper.stats["unshipped"] or shipper.stats["requests_shipped"] < _completed(path):
-            assert time.monotonic() < deadline, f"not shipped: {shipper.stats}"
-            time.sleep(0.05)
+        with JournalReader(path) as local, PostgresReader(url) as fleet:
+            while fleet.count("") < local.count(""):
+                assert time.monotonic() < deadline, f"not shipped: {shipper.stats}"
+                time.sleep(0.05)
     finally:
         shipper.stop()
 
@@ -408,3 +411,75 @@ def test_prune_needs_a_reachable_server(fleet: Fleet) -> None:
     result = run("journal", "prune", "--older-than", "1d", "-j", url)
     assert result.exit_code == 1 and "cannot be pruned" in result.output
     assert "wrong-password" not in result.output
+
+
+# -- the inspector, and following -------------------------------------------------------------
+
+
+def _ids_in(app: InspectorApp) -> list[str]:
+    table = app.table
+    return [str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value) for row in range(table.row_count)]
+
+
+async def test_the_inspector_lists_the_fleet_journal_with_a_replica_column(fleet: Fleet) -> None:
+    local, remote = InspectorApp(fleet.journal, refresh_s=0), InspectorApp(fleet.url, refresh_s=0)
+    async with local.run_test(size=(220, 40)):
+        columns = [key.value for key in local.table.columns]
+        listed = _ids_in(local)
+    async with remote.run_test(size=(220, 40)) as pilot:
+        assert [key.value for key in remote.table.columns] == [*columns[:2], "replica", *columns[2:]]
+        shipped = {r["id"] for r in json.loads(run("journal", "ls", "-j", fleet.url, "--json").stdout)}
+        # The file also has what replays here journaled since it shipped.
+        assert _ids_in(remote) == [i for i in listed if i in shipped] and len(shipped) == 15
+        cells = [str(remote.table.get_cell_at(Coordinate(row, 2))) for row in range(remote.table.row_count)]
+        assert set(cells) == {REPLICA}
+        await pilot.press("slash")
+        await pilot.press(*"replica:nobody", "enter")
+        await pilot.pause()
+        for _ in range(100):  # the search runs on a thread of its own
+            if remote.search is None:
+                break
+            await asyncio.sleep(0.05)
+        assert _ids_in(remote) == []
+
+
+def test_tail_follows_the_fleet_journal(fleet: Fleet) -> None:
+    """`tail` on the fleet journal prints requests as they arrive in PostgreSQL, from any replica."""
+    tail = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "smg",
+            "journal",
+            "tail",
+            "--json",
+            "--max",
+            "2",
+            "--timeout",
+            "60",
+            "-j",
+            fleet.url,
+            "--interval",
+            "0.1",
+            "backend:http",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert tail.stderr is not None and "following" in tail.stderr.readline()
+        body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "tail me"}]}
+        for rid in ("f-tail-1", "f-tail-2"):
+            response = httpx.post(fleet.relay.url + "/v1/messages", json=body, headers={"x-request-id": rid})
+            assert response.status_code == 200
+            wait_for_events(fleet.journal, rid)
+        ship_all(fleet.journal, fleet.url)
+        out, _ = tail.communicate(timeout=60)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["client_id"], r["replica"]) for r in rows] == [("f-tail-1", REPLICA), ("f-tail-2", REPLICA)]
+    assert tail.returncode == 0
