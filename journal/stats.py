@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -85,7 +85,7 @@ def summarize(
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 4
     del rows
     rated_ms = math.fsum(d for d, r in zip(columns[1], columns[3], strict=True) if r is not None and _number(d))
-    sums = [f(v for v in column if _number(v)) for column in columns[1:3] for f in (_count, math.fsum)]
+    timed, first = ([v for v in column if _number(v)] for column in columns[1:3])
     breakdowns: list[Counter[Any]] = [Counter() for _ in range(6)]
     for combination, n in Counter(columns[0]).items():
         for counter, value in zip(breakdowns, orjson.loads(combination), strict=True):
@@ -107,8 +107,8 @@ def summarize(
         "error_codes": codes,
         "stop_reasons": stops,
         "latency_ms": {
-            "duration": _distribution(durations, percentiles, sums[0], sums[1]),
-            "ttfe": _distribution(ttfes, percentiles, sums[2], sums[3]),
+            "duration": _distribution(durations, percentiles, len(timed), math.fsum(timed)),
+            "ttfe": _distribution(ttfes, percentiles, len(first), math.fsum(first)),
         },
     }
     out["tokens"] = {
@@ -124,10 +124,6 @@ def summarize(
 def _number(value: Any) -> bool:
     """A number, as SQLite's `typeof` says `integer` or `real` (an older file may hold text)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _count(values: Iterable[Any]) -> int:
-    return sum(1 for _ in values)
 
 
 def _ordered(counts: Counter[Any]) -> dict[Any, int]:
@@ -146,7 +142,7 @@ def _sorted(column: Sequence[Any]) -> list[Any]:
 
 def _distribution(values: list[Any], percentiles: Sequence[float], numbers: int, summed: float) -> dict[str, Any]:
     """Of sorted `values`: count, mean (of the `numbers` of them that are numbers, summing to
-    `summed`: SQLite added them up), max and the percentiles."""
+    `summed`), max and the percentiles."""
     out: dict[str, Any] = {
         "count": len(values),
         "mean": summed / numbers if numbers else None,
