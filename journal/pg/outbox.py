@@ -90,9 +90,11 @@ def backlog(conn: sqlite3.Connection) -> tuple[int, float | None]:
     return count, oldest
 
 
-def next_keys(conn: sqlite3.Connection, limit: int) -> list[int]:
-    """The keys of up to `limit` unshipped requests, oldest arrival (lowest key) first."""
-    return [row[0] for row in conn.execute(f"SELECT rk FROM {TABLE} ORDER BY rk LIMIT ?", (limit,))]
+def next_keys(conn: sqlite3.Connection, limit: int, after: int | None = None) -> list[int]:
+    """The keys of up to `limit` unshipped requests, oldest arrival (lowest key) first; only
+    those above `after` when given (the batch in flight ends there)."""
+    sql = f"SELECT rk FROM {TABLE} WHERE rk > ? ORDER BY rk LIMIT ?"
+    return [row[0] for row in conn.execute(sql, (-1 if after is None else after, limit))]
 
 
 def done(conn: sqlite3.Connection, keys: list[int]) -> None:

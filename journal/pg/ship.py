@@ -115,12 +115,36 @@ _CASTS = tuple(
 _TS = local_schema.REQUEST_COLUMNS.index("ts")
 
 
-def days(batch: Batch) -> set[date]:
-    """The partition days a batch's requests go to."""
-    return {partitions.day_of(_real(row[1 + _TS])) for row in batch.requests}
+@dataclass(frozen=True)
+class Rows:
+    """A batch as it is COPYed (`rows`: pure, so that the next batch is made ready while one ships)."""
+
+    keys: list[int]
+    requests: list[tuple[Any, ...]]  # (day, local rk, *REQUEST_COLUMNS)
+    events: list[tuple[Any, ...]]  # (local rk, seq, kind, t, data bytes)
+    texts: list[tuple[int, Any]]  # (local rk, body)
+
+    @property
+    def days(self) -> set[date]:
+        """The partition days its requests go to."""
+        return {row[0] for row in self.requests}
 
 
-def write(conn: psycopg.Connection[Any], replica: str, batch: Batch) -> Shipped:
+def rows(batch: Batch) -> Rows:
+    """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended)."""
+    requests = []
+    for row in batch.requests:
+        values = [cast(v) for cast, v in zip(_CASTS, row[1:], strict=True)]
+        requests.append((partitions.day_of(values[_TS]), row[0], *values))
+    events = [
+        (rk, seq, kind, t, data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data))
+        for rk, seq, kind, t, data in batch.events
+    ]
+    texts = [(rk, _text(body)) for rk, body in batch.texts]
+    return Rows(batch.keys, requests, events, texts)
+
+
+def write(conn: psycopg.Connection[Any], replica: str, batch: Rows) -> Shipped:
     """Ship `batch` in one transaction, committed on return (the partitions of its days must
     exist: `partitions.ensure`; the staging tables too: `prepare`)."""
     with conn.transaction():
@@ -128,17 +152,15 @@ def write(conn: psycopg.Connection[Any], replica: str, batch: Batch) -> Shipped:
             cur.execute(_WORK_MEM)
             with cur.copy(f"COPY stage_requests (day, local_rk, {_COLS}) FROM STDIN") as copy:
                 for row in batch.requests:
-                    values = [cast(v) for cast, v in zip(_CASTS, row[1:], strict=True)]
-                    copy.write_row((partitions.day_of(values[_TS]), row[0], *values))
+                    copy.write_row(row)
             # Binary: the payloads go as they are, not spelled in hex as text COPY would.
             with cur.copy("COPY stage_events (local_rk, seq, kind, t, data) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(_EVENT_TYPES)
-                for rk, seq, kind, t, data in batch.events:
-                    payload = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-                    copy.write_row((rk, seq, kind, t, payload))
+                for event in batch.events:
+                    copy.write_row(event)
             with cur.copy("COPY stage_text (local_rk, body) FROM STDIN") as copy:
-                for rk, body in batch.texts:
-                    copy.write_row((rk, _text(body)))
+                for text in batch.texts:
+                    copy.write_row(text)
             cur.execute(_INSERT, {"replica": replica})
             found = cur.fetchone()
             assert found is not None

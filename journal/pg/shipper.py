@@ -13,6 +13,9 @@ With several gateway processes on one file (`--workers N`) exactly one ships: th
 an exclusive lock on `<journal>.ship.lock` (released by the kernel when its holder dies, and
 then taken by another within a second). The others stand by; each reports the backlog.
 
+While one batch ships (in a thread of its own, mostly waiting on PostgreSQL), the next is read
+from the local file and made ready, so that the two overlap.
+
 A request PostgreSQL refuses on its own (a value it cannot hold that `ship` does not mend) is
 logged with its id, counted in `refused` and taken off the queue, so that one bad row cannot
 stop a replica's shipping for good; it stays in the local journal.
@@ -20,12 +23,14 @@ stop a replica's shipping for good; it stays in the local journal.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import sqlite3
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date
 from typing import Any
 
@@ -127,35 +132,53 @@ class Shipper:
     def _run(self) -> None:
         local = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         local.execute("PRAGMA busy_timeout=5000")
+        # One batch ships (in `writer`) while the next is read from the local file and made ready here.
+        writer = ThreadPoolExecutor(1, thread_name_prefix=f"journal-sink-write:{self.replica}")
+        inflight: tuple[Future[ship.Shipped], ship.Rows] | None = None
         retry = _RETRY_FIRST_S
         drain_until: float | None = None
         try:
             while True:
                 if self._stop.is_set() and drain_until is None:
                     drain_until = time.monotonic() + _DRAIN_S
-                if drain_until is not None and time.monotonic() >= drain_until:
+                late = drain_until is not None and time.monotonic() >= drain_until
+                if late and inflight is None:
                     return
                 self._refresh_backlog(local)
                 if not self._holds_lock():
                     if self._stop.wait(1.0):
                         return
                     continue
+                after = inflight[1].keys[-1] if inflight is not None else None
+                keys = [] if late else outbox.next_keys(local, self.batch_size, after)
+                ready = ship.rows(outbox.read(local, keys)) if keys else None
                 try:
-                    full = self._ship_once(local)
+                    if inflight is not None:
+                        future, sent = inflight
+                        inflight = None
+                        self._shipped(local, sent, future.result())
+                    if ready is None:
+                        self._touch()  # nothing to send: still say whether PostgreSQL answers
                 except psycopg.Error as exc:
-                    self._failed(exc)
+                    self._failed(exc)  # what was read ahead is read again from the queue
                     if drain_until is not None or self._stop.wait(retry):
                         return
                     retry = min(retry * 2, _RETRY_MAX_S)
                     continue
                 retry = _RETRY_FIRST_S
-                if not full:
-                    if drain_until is not None:
-                        return  # everything queued has shipped
-                    self._stop.wait(self.idle_s)
+                if ready is not None:
+                    inflight = (writer.submit(self._write, ready), ready)
+                    continue
+                if drain_until is not None:
+                    return  # everything queued has shipped
+                self._stop.wait(self.idle_s)
         except Exception:
             log.exception("journal sink: the shipper stopped; requests stay queued in %s", self.path)
         finally:
+            if inflight is not None:
+                with contextlib.suppress(Exception):
+                    self._shipped(local, inflight[1], inflight[0].result())
+            writer.shutdown(wait=True)
             self._refresh_backlog(local, force=True)
             self._stats["shipping"] = 0
             local.close()
@@ -190,47 +213,47 @@ class Shipper:
         self._pg = conn
         return conn
 
-    def _ship_once(self, local: sqlite3.Connection) -> bool:
-        """One batch; whether the queue had a full batch (more may be waiting)."""
+    def _touch(self) -> psycopg.Connection[Any]:
+        """The connection, with the days ahead created (raises when PostgreSQL does not answer)."""
         pg = self._connection()
         ahead = [d for d in partitions.ahead() if d not in self._days]
         if ahead:
             partitions.ensure(pg, ahead)
             self._days.update(ahead)
-        keys = outbox.next_keys(local, self.batch_size)
-        if not keys:
-            self._recovered()
-            self._stats["shipping"] = 1
-            return False
-        batch = outbox.read(local, keys)
-        needed = ship.days(batch) - self._days
+        self._recovered()
+        self._stats["shipping"] = 1
+        return pg
+
+    def _write(self, batch: ship.Rows) -> ship.Shipped:
+        """One batch into PostgreSQL (in the writer thread)."""
+        pg = self._touch()
+        needed = batch.days - self._days
         if needed:
             partitions.ensure(pg, needed)
             self._days.update(needed)
         try:
-            shipped = ship.write(pg, self.replica, batch)
+            return ship.write(pg, self.replica, batch)
         except (psycopg.OperationalError, psycopg.InterfaceError):
             raise
         except psycopg.DatabaseError as exc:
-            shipped = self._one_by_one(pg, batch, exc)
-        outbox.done(local, keys)
-        self._recovered()
+            return self._one_by_one(pg, batch, exc)
+
+    def _shipped(self, local: sqlite3.Connection, batch: ship.Rows, shipped: ship.Shipped) -> None:
+        outbox.done(local, batch.keys)
         stats = self._stats
-        stats["shipping"] = 1
         stats["batches"] += 1
         stats["requests_shipped"] += shipped.requests
         stats["events_shipped"] += shipped.events
         stats["duplicates"] += shipped.duplicates
         self._refresh_backlog(local, force=True)
-        return len(keys) >= self.batch_size
 
-    def _one_by_one(self, pg: psycopg.Connection[Any], batch: outbox.Batch, first: Exception) -> ship.Shipped:
+    def _one_by_one(self, pg: psycopg.Connection[Any], batch: ship.Rows, first: Exception) -> ship.Shipped:
         """A batch PostgreSQL refused: each request alone, the ones refused alone logged and left out."""
         log.warning("journal sink: a batch was refused (%s); shipping it one request at a time", first)
         requests = events = duplicates = 0
         for row in batch.requests:
-            rk = row[0]
-            single = outbox.Batch(
+            rk = row[1]
+            single = ship.Rows(
                 [rk], [row], [e for e in batch.events if e[0] == rk], [t for t in batch.texts if t[0] == rk]
             )
             try:
@@ -239,7 +262,7 @@ class Shipper:
                 raise
             except psycopg.DatabaseError as exc:
                 self._stats["refused"] += 1
-                log.error("journal sink: request %s refused by PostgreSQL, not shipped: %s", row[1], exc)
+                log.error("journal sink: request %s refused by PostgreSQL, not shipped: %s", row[2], exc)
                 continue
             requests += shipped.requests
             events += shipped.events

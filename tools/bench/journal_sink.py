@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import statistics
 import tempfile
 import threading
@@ -46,19 +47,45 @@ def _backlog(server: PostgresServer, workdir: Path, count: int) -> None:
         schema.migrate(conn)
     shipper = Shipper(path, url, "bench-1", batch_size=2000)
     started = time.monotonic()
+    cpu_before = time.process_time()
     shipper.start()
+    backend: int | None = None
     try:
         while shipper.stats["requests_shipped"] + shipper.stats["duplicates"] < count:
+            if backend is None:
+                backend = _backend_pid(url)
+                server_before = _cpu_seconds(backend) if backend is not None else 0.0
             time.sleep(0.01)
         elapsed = time.monotonic() - started
+        server_cpu = _cpu_seconds(backend) - server_before if backend is not None else float("nan")
     finally:
         shipper.stop()
+    client_cpu = time.process_time() - cpu_before
     stats = shipper.stats
     print(
         f"backlog: {count} requests ({int(stats['events_shipped'])} event rows) shipped in {elapsed:.2f}s:"
         f" {count / elapsed:,.0f} requests/s, {stats['events_shipped'] / elapsed:,.0f} rows/s,"
         f" {int(stats['batches'])} batches"
     )
+    # CPU time per request does not depend on what else the machine runs: it says what one core
+    # each for the shipper and for PostgreSQL would ship.
+    per_client, per_server = client_cpu / count * 1e6, server_cpu / count * 1e6
+    print(
+        f"backlog CPU per request: shipper {per_client:.0f} µs, PostgreSQL backend {per_server:.0f} µs"
+        f" (at one core each: {1e6 / max(per_client, per_server):,.0f} requests/s)"
+    )
+
+
+def _backend_pid(url: str) -> int | None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'smg-shipper'").fetchone()
+    return int(row[0]) if row else None
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _steady_writer(path: Path, rate: float, seconds: float, done: threading.Event) -> int:
