@@ -271,12 +271,20 @@ def _jobs(samples: dict[str, str]) -> list[tuple[str, Callable[[JournalStore], A
     return jobs + [(label, _stats(query, by, every)) for label, query, by, every in STATS]
 
 
+def _exit(*_: object) -> None:
+    raise SystemExit(1)
+
+
 def _postgres(args: argparse.Namespace) -> int:
     server = None
     url = args.postgres
     if not url:
+        import signal
+
         from tools.servers.postgres import PostgresServer
 
+        # A `timeout` or Ctrl-C still stops the server the bench started (atexit does not run on SIGTERM).
+        signal.signal(signal.SIGTERM, _exit)
         server = PostgresServer().start()
         url = server.create_database("bench")
     try:
