@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from journal.query import _Compiler, _glob_to_like, _Term, _Text, like_escape, parse
+from journal.query import _Compiler, _glob_to_like, _Group, _Node, _Not, _Term, _Text, like_escape, parse
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
@@ -122,3 +122,44 @@ def compile_query(text: str, *, now: float | None = None) -> tuple[str, list[Any
         return "TRUE", []
     compiler = _PgCompiler(time.time() if now is None else now, indexed=True, ordered=False)
     return compiler.node(tree), compiler.params
+
+
+def text_only(text: str) -> tuple[str, list[Any], bool] | None:
+    """A query made only of free text with a word in each (words and phrases under `!`, `|`,
+    parentheses) as one condition over `request_text` alone: `(sql, params, negated)`, the
+    query's matches being the text rows the condition holds for (`negated`: every request but
+    those). None for any other query. As on a file (`journal.query.text_only`): a count of such a
+    query is a count in the text index alone, which holds a row only for shipped requests, never
+    joined to their summary rows. Raises `QueryError` for a query that does not parse."""
+    tree = parse(text)
+    if tree is None:
+        return None
+    params: list[Any] = []
+    found = _text_condition(tree, params)
+    return None if found is None else (found[0], params, found[1])
+
+
+def _text_condition(node: _Node, params: list[Any]) -> tuple[str, bool] | None:
+    if isinstance(node, _Text):
+        if not node.text or not any(c.isalnum() for c in node.text):
+            return None
+        params.extend((node.text, not node.quoted))
+        return "tsv @@ smg_text_query(%s, %s)", False
+    if isinstance(node, _Not):
+        inner = _text_condition(node.item, params)
+        return None if inner is None else (inner[0], not inner[1])
+    if isinstance(node, _Group):
+        parts = [_text_condition(item, params) for item in node.items]
+        if any(part is None for part in parts):
+            return None
+        sqls = [(f"({sql})" if not negated else f"(NOT ({sql}))", negated) for sql, negated in filter(None, parts)]
+        if node.op == "OR":
+            if any(negated for _, negated in sqls):  # `a | !b` holds for requests without text too
+                return None
+            return " OR ".join(sql for sql, _ in sqls), False
+        if all(negated for _, negated in sqls):  # !a !b: every request but those matching a or b
+            return " OR ".join(sql[5:-1] for sql, _ in sqls), True
+        if not any(not negated for _, negated in sqls):
+            return None
+        return " AND ".join(sql for sql, _ in sqls), False
+    return None

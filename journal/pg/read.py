@@ -25,7 +25,7 @@ import psycopg
 from journal import groups, packed, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
 from journal.pg import schema as pg_schema
-from journal.pg.query import _FAILED, compile_query
+from journal.pg.query import _FAILED, compile_query, text_only
 from journal.reader import AmbiguousRequestId, JournalError, JournalNotFound
 from journal.store import REPLICA, shown
 
@@ -152,6 +152,13 @@ class PostgresReader:
             raise JournalError(f"reading the fleet journal at {self._shown} failed: {_reason(exc)}") from exc
 
     def count(self, query: str = "") -> int:
+        text = text_only(query)
+        if text is not None:  # counted in the text index alone (`journal.pg.query.text_only`)
+            condition, params, negated = text
+            matches = int(self._rows(f"SELECT count(*) FROM request_text WHERE {condition}", params)[0][0])
+            if not negated:
+                return matches
+            return int(self._rows("SELECT count(*) FROM requests")[0][0]) - matches
         where, params = self.compile(query)
         return int(self._rows(f"SELECT count(*) FROM requests WHERE {where}", params)[0][0])
 

@@ -72,8 +72,9 @@ def load(conn: psycopg.Connection[Any], table: list[Row], replicas: list[str]) -
             batch.requests.append((rk, *values))
             batch.events.extend((rk, seq, kind, 0.0, data) for seq, (kind, data) in enumerate(shipped.events, 1))
             batch.texts.append((rk, indexed_text(shipped)))
-        partitions.ensure(conn, ship.days(batch))
-        ship.write(conn, replica, batch)
+        shipped_rows = ship.rows(batch)
+        partitions.ensure(conn, shipped_rows.days)
+        ship.write(conn, replica, shipped_rows)
 
 
 def select_ids(conn: psycopg.Connection[Any], query: str) -> set[str]:
@@ -101,7 +102,7 @@ def test_compiled_queries_select_what_the_python_filter_selects(
     load(fleet_db, table, replicas)
     for tree in queries:
         text = render(tree)
-        expected = {r.values["id"] for r in table if evaluate(tree, row, indexed=True)}
+        expected = {r.values["id"] for r in table if evaluate(tree, r, indexed=True)}
         assert select_ids(fleet_db, text) == expected, text
 
 
@@ -117,7 +118,7 @@ def test_free_text_through_the_reader(
     with PostgresReader(postgres.url("fleet_query")) as reader:
         for tree in queries:
             text = render(tree)
-            expected = {r.values["id"] for r in table if evaluate(tree, row, indexed=True)}
+            expected = {r.values["id"] for r in table if evaluate(tree, r, indexed=True)}
             assert reader.count(text) == len(expected), text
             assert {r["id"] for r in reader.list_requests(len(table) + 1, query=text)} == expected, text
 
