@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +74,14 @@ def compute(
         f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens"
         f" FROM requests WHERE ({where or '1'})"
     )
+    return aggregate(conn.execute(sql, list(params)), percentiles)
+
+
+def aggregate(rows: Iterable[Sequence[Any]], percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
+    """`compute`'s dicts from its read, whatever store ran it: per selected request `(group,
+    bucket, failed, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens)`."""
     accs: dict[tuple[Any, Any], _Acc] = {}
-    for g, b, failed, hung_up, duration, ttfe, tin, tout in conn.execute(sql, list(params)):
+    for g, b, failed, hung_up, duration, ttfe, tin, tout in rows:
         acc = accs.get((g, b))
         if acc is None:
             acc = accs[(g, b)] = _Acc()

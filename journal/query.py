@@ -46,6 +46,10 @@ false; `!` negates that):
   follows): strings, like `model:`. `turns:` the number of messages sent; every op.
 * `hung_up:yes|no` (the client went away before the end), `cut:yes|no` (a stream that had
   started and did not reach `message_stop`); also `has:hung_up`, `has:cut`.
+* `replica:` the gateway replica that served the request (its `--replica-name`), a string like
+  `model:`: the fleet journal in PostgreSQL (`journal.pgquery`) knows it for every request. A
+  SQLite file is one gateway's own journal and names no replica, so there `replica:NAME`
+  matches nothing and `!replica:NAME` everything (see `journal.store`).
 
 Free text, on a journal with the full-text index (`indexed=True`: every journal this version
 writes; see `journal.search` for what is indexed), matches words: a quoted phrase its words in
@@ -117,6 +121,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "replay_of"),
     "since": ("since", "ts"),
     "until": ("until", "ts"),
+    "replica": ("replica_name", "replica"),
 }
 FIELDS: tuple[str, ...] = tuple(_FIELDS)
 """The field names a term may use."""
@@ -414,12 +419,20 @@ class _Compiler:
     def term(self, term: _Term) -> str:
         kind, column = _FIELDS[term.field]
         op = term.op or "="
-        allowed = _NUMERIC_OPS if kind in ("status", "duration", "count") else _EQ_OPS if kind == _STRING else {"="}
+        allowed = (
+            _NUMERIC_OPS
+            if kind in ("status", "duration", "count")
+            else _EQ_OPS
+            if kind in (_STRING, "replica_name")
+            else {"="}
+        )
         if op not in allowed:
             ops = " ".join(o for o in ("=", "!=", ">=", "<=", ">", "<") if o in allowed)
             raise QueryError(f"{term.field}: cannot compare with {op!r} (allowed: {ops})", term.pos, term.token)
         if kind == _STRING:
             return self.string(column, op, term.value)
+        if kind == "replica_name":
+            return self.replica(op, term.value)
         if kind == "id":
             return self.id_prefix(term.value)
         if kind == "trace":
@@ -437,6 +450,10 @@ class _Compiler:
             return f"({column} IS NOT NULL AND {column} = {1 if yes else 0})"
         ts = self.bind(self.moment(term))
         return f"({column} IS NOT NULL AND {column} {'>=' if kind == 'since' else '<'} {ts})"
+
+    def replica(self, op: str, value: str) -> str:
+        """A file names no replica: the term is false, whatever its value (`journal.store`)."""
+        return "0"
 
     def string(self, column: str, op: str, value: str) -> str:
         if "*" in value:
@@ -528,12 +545,18 @@ def compile_query(
     not parse. `ordered`: the expression is for a page in time order (`ORDER BY ts … LIMIT n`),
     not for a count or an aggregate; it only changes the plan SQLite chooses.
     """
-    tree = _Parser(text).parse()
+    tree = parse(text)
     if tree is None:
         return "1", []
     compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
     sql = compiler.node(tree)
     return sql, compiler.params
+
+
+def parse(text: str) -> _Node | None:
+    """The syntax tree of a query (None for an empty one), for a compiler to a store's SQL
+    (`_Compiler` here for SQLite, `journal.pgquery` for PostgreSQL). Raises `QueryError`."""
+    return _Parser(text).parse()
 
 
 def text_only(text: str) -> tuple[str, bool] | None:

@@ -17,9 +17,11 @@ from typing import Any
 
 import orjson
 
-from journal import packed, schema, search
+from journal import groups, packed, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
+from journal.follow import Follower
 from journal.query import compile_query, text_only
+from journal.store import REPLICA
 
 _BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking", *search.FLAGS)
 
@@ -47,7 +49,7 @@ class AmbiguousRequestId(JournalError, LookupError):
 
 
 class JournalReader:
-    """Read-only access to one journal file."""
+    """Read-only access to one journal file (a `journal.store.JournalStore`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -104,6 +106,42 @@ class JournalReader:
         text index when the file has one; `ordered` for a page in time order). Raises
         `journal.query.QueryError`."""
         return compile_query(query, indexed=self.indexed, ordered=ordered)
+
+    @property
+    def location(self) -> str:
+        """The file's path, as messages name it."""
+        return str(self.path)
+
+    def check(self, query: str) -> None:
+        """Raise `journal.query.QueryError` when `query` does not compile."""
+        self.compile(query)
+
+    def stats(self, query: str = "") -> dict[str, Any]:
+        """`journal.stats.compute` of the requests `query` selects."""
+        where, params = self.compile(query)
+        return stats.compute(self._conn, where, params)
+
+    def group_stats(self, query: str = "", *, by: str | None = None, every: int | None = None) -> list[dict[str, Any]]:
+        """`journal.groups.compute` of the requests `query` selects."""
+        where, params = self.compile(query)
+        return groups.compute(self._conn, where, params, by=by, every=every)
+
+    def thread_ids(self, thread_key: str, limit: int) -> list[str]:
+        """The ids of the requests with this conversation key (`journal.threads`), oldest first."""
+        rows = self._conn.execute(
+            f"SELECT id FROM requests WHERE {search.keyed('thread_key = ?')} ORDER BY ts, rowid LIMIT ?",
+            (thread_key, limit),
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def follower(self, query: str = "") -> Follower:
+        """A `journal.follow.Follower` of `query` over this file."""
+        where, params = self.compile(query)
+        return Follower(self._conn, where, params)
+
+    def interrupt(self) -> None:
+        """Stop the statement running on this reader's connection (it raises `sqlite3.OperationalError`)."""
+        self._conn.interrupt()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -287,4 +325,5 @@ def _row(row: tuple[Any, ...]) -> dict[str, Any]:
     for col in _BOOL_COLUMNS:
         if out[col] is not None:
             out[col] = bool(out[col])
+    out[REPLICA] = None  # one gateway's own file names no replica (`journal.store`)
     return out

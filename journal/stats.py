@@ -50,28 +50,10 @@ def compute(
     """
     cond = f"({where})" if where.strip() else "1"
     args = list(params)
-    numeric = "typeof({0}) IN ('integer', 'real')"
-    means = ", ".join(
-        f"count(CASE WHEN {numeric.format(c)} THEN 1 END), total(CASE WHEN {numeric.format(c)} THEN {c} END)"
-        for c in ("duration_ms", "ttfe_ms")
-    )
-    (
-        total,
-        completed,
-        errors,
-        first_ts,
-        last_ts,
-        input_tokens,
-        output_tokens,
-        rated,
-        rated_output,
-        rated_ms,
-        *sums,
-    ) = conn.execute(
+    totals = conn.execute(
         f"SELECT count(*), total(completed), total({_FAILED}), min(ts), max(ts),"
         f" total(input_tokens), total(output_tokens), total({_RATED}),"
-        f" total(CASE WHEN {_RATED} THEN output_tokens END), total(CASE WHEN {_RATED} THEN duration_ms END),"
-        f" {means} FROM requests WHERE {cond}",
+        f" total(CASE WHEN {_RATED} THEN output_tokens END) FROM requests WHERE {cond}",
         args,
     ).fetchone()
     # One read of the selection: per request, its breakdowns' values as one JSON array (a key
@@ -85,8 +67,25 @@ def compute(
         f" FROM requests WHERE {cond}",
         args,
     ).fetchall()
+    return summarize(totals, rows, percentiles)
+
+
+def summarize(
+    totals: Sequence[Any], rows: list[tuple[Any, ...]], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, Any]:
+    """`compute`'s dict from its two reads, whatever store ran them: `totals` (count, completed,
+    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens)
+    and per selected request `(breakdown key, duration, ttfe, rate)`, the key a JSON array of its
+    status class, status, model, backend, error code and stop reason, the rate None for a
+    request not rated.
+
+    Sums of milliseconds (the means, the rated time) are summed here, exactly (`math.fsum`):
+    the same number from any store, whatever order it reads the rows in."""
+    total, completed, errors, first_ts, last_ts, input_tokens, output_tokens, rated, rated_output = totals
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 4
     del rows
+    rated_ms = math.fsum(d for d, r in zip(columns[1], columns[3], strict=True) if r is not None and _number(d))
+    timed, first = ([v for v in column if _number(v)] for column in columns[1:3])
     breakdowns: list[Counter[Any]] = [Counter() for _ in range(6)]
     for combination, n in Counter(columns[0]).items():
         for counter, value in zip(breakdowns, orjson.loads(combination), strict=True):
@@ -108,8 +107,8 @@ def compute(
         "error_codes": codes,
         "stop_reasons": stops,
         "latency_ms": {
-            "duration": _distribution(durations, percentiles, sums[0], sums[1]),
-            "ttfe": _distribution(ttfes, percentiles, sums[2], sums[3]),
+            "duration": _distribution(durations, percentiles, len(timed), math.fsum(timed)),
+            "ttfe": _distribution(ttfes, percentiles, len(first), math.fsum(first)),
         },
     }
     out["tokens"] = {
@@ -120,6 +119,11 @@ def compute(
         "output_per_s_median": float(rates[rank(0.5, len(rates))]) if rates else None,
     }
     return out
+
+
+def _number(value: Any) -> bool:
+    """A number, as SQLite's `typeof` says `integer` or `real` (an older file may hold text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _ordered(counts: Counter[Any]) -> dict[Any, int]:
@@ -138,7 +142,7 @@ def _sorted(column: Sequence[Any]) -> list[Any]:
 
 def _distribution(values: list[Any], percentiles: Sequence[float], numbers: int, summed: float) -> dict[str, Any]:
     """Of sorted `values`: count, mean (of the `numbers` of them that are numbers, summing to
-    `summed`: SQLite added them up), max and the percentiles."""
+    `summed`), max and the percentiles."""
     out: dict[str, Any] = {
         "count": len(values),
         "mean": summed / numbers if numbers else None,

@@ -20,10 +20,9 @@ from typing import Any
 
 import orjson
 
-from journal import search
 from journal.events import Received
-from journal.reader import JournalReader
 from journal.search import comparable
+from journal.store import JournalStore
 
 _PREVIEW = 80
 
@@ -77,7 +76,7 @@ def preview(content: Any, limit: int = _PREVIEW) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def request_body(reader: JournalReader, request_id: str) -> Any:
+def request_body(reader: JournalStore, request_id: str) -> Any:
     """The parsed body of a request's `received` event (None when there is none, or it is not JSON)."""
     received = next((e for _, e in reader.events(request_id) if isinstance(e, Received)), None)
     if received is None:
@@ -91,19 +90,16 @@ def request_body(reader: JournalReader, request_id: str) -> Any:
         return None
 
 
-def thread(reader: JournalReader, request_id: str, limit: int = 500) -> list[Turn] | None:
+def thread(reader: JournalStore, request_id: str, limit: int = 500) -> list[Turn] | None:
     """The conversation `request_id` belongs to, oldest first (at most `limit` turns); None
     when the request has no conversation key (no messages, or a file without the column)."""
     row = reader.get_request(request_id)
     if row is None or not row.get("thread_key"):
         return None
-    rows = reader.connection.execute(
-        f"SELECT id FROM requests WHERE {search.keyed('thread_key = ?')} ORDER BY ts, rowid LIMIT ?",
-        (row["thread_key"], limit),
-    ).fetchall()
+    rows = reader.thread_ids(row["thread_key"], limit)
     turns: list[Turn] = []
     earlier: list[list[Any]] = []  # the histories sent so far
-    for (rid,) in rows:
+    for rid in rows:
         summary = reader.get_request(rid)
         if summary is None:
             continue

@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from journal.export import DEFAULT_BASE_URL, as_curl
-from journal.reader import JournalReader
+from journal.store import JournalStore
 from replay import diff as diffing
 from replay.inspector.data import RequestDetail, load_detail, load_tokenizer
 
@@ -75,7 +75,7 @@ def offline(detail: RequestDetail) -> Comparison:
     return Comparison(f"offline replay of {detail.id}: {verdict}", report.differences, "recorded", "recomputed", note)
 
 
-def against_original(reader: JournalReader, detail: RequestDetail) -> Comparison:
+def against_original(reader: JournalStore, detail: RequestDetail) -> Comparison:
     """A replay's response against the response of the request it replayed."""
     original_id = detail.row.get("replay_of")
     if not original_id:

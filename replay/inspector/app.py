@@ -44,8 +44,9 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 
-from journal import groups, threads, waterfall
-from journal.reader import JournalError, JournalReader
+from journal import threads, waterfall
+from journal.reader import JournalError
+from journal.store import is_postgres, open_journal
 from replay import answer
 from replay.inspector import actions, render
 from replay.inspector.data import (
@@ -373,9 +374,11 @@ class InspectorApp(App[None]):
     ) -> None:
         super().__init__()
         self.journal_path = journal_path
-        self.reader = JournalReader(journal_path)
+        self.reader = open_journal(journal_path)
+        self.fleet = is_postgres(journal_path)
+        """The fleet journal (PostgreSQL): its rows name their replica, a column of the list."""
         # The list's own connection: the live poll reads it on a thread, under `_source_lock`.
-        self.source = RequestSource(JournalReader(journal_path), page_size, follow_max)
+        self.source = RequestSource(open_journal(journal_path), page_size, follow_max)
         self.refresh_s = refresh_s
         self.base_url = base_url
         # Following a busy gateway must not grow the list forever: past this many rows the
@@ -384,7 +387,7 @@ class InspectorApp(App[None]):
         self._ahead = max(1, min(_PAGE_AHEAD, page_size // 4))
         self.rows: dict[str, dict[str, Any]] = {}
         self.total: int | None = None
-        self.columns: list[str] = [key for key, _ in render.LIST_COLUMNS]
+        self.columns: list[str] = [key for key, _ in render.LIST_COLUMNS if key != "replica" or self.fleet]
         self.search: Search | None = None
         """The filter being searched, if one is."""
         self.behind = 0
@@ -410,7 +413,7 @@ class InspectorApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.table
-        self.columns = render.fitting_columns(self.size.width)
+        self.columns = render.fitting_columns(self.size.width, replicas=self.fleet)
         labels = dict(render.LIST_COLUMNS)
         for key in self.columns:
             table.add_column(labels[key], key=key)
@@ -435,7 +438,7 @@ class InspectorApp(App[None]):
     def on_resize(self, event: events.Resize) -> None:
         if not self._columns_ready or not self.screen_stack or not self._main.query("#requests"):
             return
-        wanted = render.fitting_columns(event.size.width)
+        wanted = render.fitting_columns(event.size.width, replicas=self.fleet)
         if wanted == self.columns:
             return
         # Rebuilt rather than edited in place: DataTable keeps cells per column order.
@@ -821,7 +824,7 @@ class InspectorApp(App[None]):
 
     async def _show_thread(self, request_id: str) -> None:
         def load() -> list[threads.Turn] | None:
-            with JournalReader(self.journal_path) as reader:
+            with open_journal(self.journal_path) as reader:
                 return threads.thread(reader, request_id)
 
         try:
@@ -839,11 +842,9 @@ class InspectorApp(App[None]):
 
     async def _show_stats(self, query: str) -> None:
         def load() -> list[tuple[str, list[dict[str, Any]]]]:
-            with JournalReader(self.journal_path) as reader:
-                where, params = reader.compile(query)
+            with open_journal(self.journal_path) as reader:
                 return [
-                    (by, groups.compute(reader.connection, where, params, by=by)[:20])
-                    for by in ("model", "tenant", "key", "user", "worker")
+                    (by, reader.group_stats(query, by=by)[:20]) for by in ("model", "tenant", "key", "user", "worker")
                 ]
 
         try:

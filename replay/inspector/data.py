@@ -16,7 +16,8 @@ from typing import Any
 
 from journal.events import Error, Event, Received, Rejected, Rendered, Tokens, event_from_dict, event_kinds
 from journal.query import QueryError, compile_query
-from journal.reader import JournalReader
+from journal.reader import JournalError, JournalReader
+from journal.store import JournalStore, open_journal
 from smg.projection import Reconstructed, reconstruct
 
 __all__ = ["QueryError", "RequestDetail", "RequestSource", "Search", "decode", "load_detail", "load_tokenizer"]
@@ -35,7 +36,7 @@ class RequestSource:
     newest first: pages extend it at the old end, `newer` at the new end.
     """
 
-    def __init__(self, reader: JournalReader, page_size: int = 100, follow_max: int = FOLLOW_MAX) -> None:
+    def __init__(self, reader: JournalStore, page_size: int = 100, follow_max: int = FOLLOW_MAX) -> None:
         if page_size < 1 or follow_max < 1:
             raise ValueError("page_size and follow_max must be positive")
         self.follow_max = follow_max
@@ -148,12 +149,17 @@ class Search:
         self.path = path
         self.query = query
         self.page_size = page_size
-        self.steps = 0  # thousands of SQLite VM steps so far
+        self.steps = 0  # thousands of SQLite VM steps so far (a file's; the fleet journal's stay 0)
         self.cancelled = False
+        self._reader: JournalStore | None = None
 
     def cancel(self) -> None:
-        """Stop the search at its next step (`run` raises `sqlite3.OperationalError`)."""
+        """Stop the search at its next step (`run` raises `sqlite3.OperationalError`, or
+        `JournalError` from the fleet journal, whose query is interrupted)."""
         self.cancelled = True
+        reader = self._reader
+        if reader is not None and not isinstance(reader, JournalReader):
+            reader.interrupt()
 
     def _tick(self) -> int:
         self.steps += 1
@@ -162,11 +168,16 @@ class Search:
     def run(self) -> tuple[list[dict[str, Any]], int, bool, float]:
         """`(first page, count, has_more, when)`; blocking, for a worker thread."""
         looked = time.time()
-        reader = JournalReader(self.path)
+        reader = open_journal(self.path)
+        self._reader = reader
         try:
-            reader.connection.set_progress_handler(self._tick, 1000)
+            if isinstance(reader, JournalReader):
+                reader.connection.set_progress_handler(self._tick, 1000)
+            elif self.cancelled:  # before there was a query to interrupt
+                raise JournalError("search cancelled")
             rows, total = reader.page(self.page_size, query=self.query, descending=True)
         finally:
+            self._reader = None
             reader.close()
         return rows, total, len(rows) == self.page_size, looked
 
@@ -211,7 +222,7 @@ class RequestDetail:
         return [(seq, e) for seq, e in zip(self.seqs, self.events, strict=True) if isinstance(e, Error | Rejected)]
 
 
-def load_detail(reader: JournalReader, request_id: str) -> RequestDetail | None:
+def load_detail(reader: JournalStore, request_id: str) -> RequestDetail | None:
     row = reader.get_request(request_id)
     if row is None:
         return None

@@ -24,6 +24,7 @@ MAX_SHOWN = 1024 * 1024
 LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("time", "time"),
     ("id", "id"),
+    ("replica", "replica"),
     ("flags", "≈"),
     ("model", "model"),
     ("backend", "backend"),
@@ -35,15 +36,17 @@ LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ttfe", "ttfe"),
     ("duration", "duration"),
 )
-"""(column key, header) of the request list."""
+"""(column key, header) of the request list (`replica` only over the fleet journal)."""
 
 COLUMN_PRIORITY: tuple[str, ...] = (
-    "status", "id", "flags", "model", "duration", "time", "code", "stop", "tokens", "ttfe", "tenant", "backend",
+    "status", "id", "flags", "model", "duration", "replica", "time", "code", "stop", "tokens", "ttfe", "tenant",
+    "backend",
 )  # fmt: skip
 """The list's columns, most important first: a narrow terminal drops them from the end."""
 COLUMN_WIDTHS: dict[str, int] = {
     "time": 18,
     "id": 30,
+    "replica": 14,
     "flags": 3,
     "model": 18,
     "backend": 8,
@@ -58,11 +61,14 @@ COLUMN_WIDTHS: dict[str, int] = {
 """About how wide each column's cells are, for choosing the columns that fit."""
 
 
-def fitting_columns(width: int) -> list[str]:
-    """The keys of the columns that fit in `width` cells, by priority, in `LIST_COLUMNS` order."""
+def fitting_columns(width: int, *, replicas: bool = False) -> list[str]:
+    """The keys of the columns that fit in `width` cells, by priority, in `LIST_COLUMNS` order;
+    `replicas`: the journal is the fleet's, whose rows name their replica."""
     chosen: set[str] = set()
     used = 0
     for key in COLUMN_PRIORITY:
+        if key == "replica" and not replicas:
+            continue
         need = COLUMN_WIDTHS[key] + 2  # the table's cell padding
         if chosen and used + need > width:
             break
@@ -101,6 +107,7 @@ def list_cells(row: dict[str, Any], keys: list[str] | None = None) -> list[Any]:
     cells: dict[str, Callable[[], Any]] = {
         "time": lambda: Stamp(row.get("ts")),
         "id": lambda: _id_text(row),
+        "replica": lambda: Text(row.get("replica") or "", style="magenta"),
         "flags": lambda: flags(row),
         "model": lambda: Text(row.get("model") or ""),
         "backend": lambda: Text(row.get("backend") or ""),

@@ -16,7 +16,10 @@ def inspect_command(
     journal: Annotated[
         str,
         typer.Option(
-            "--journal", "-j", envvar=ENV_VAR, help=f"Journal file (default: ${ENV_VAR}, else ./{DEFAULT_PATH})."
+            "--journal",
+            "-j",
+            envvar=ENV_VAR,
+            help=f"Journal file or postgresql:// URL (the fleet journal); default ${ENV_VAR}, else ./{DEFAULT_PATH}.",
         ),
     ] = DEFAULT_PATH,
     page_size: Annotated[int, typer.Option(help="Requests loaded per page.", min=1)] = 100,

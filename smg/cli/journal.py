@@ -33,12 +33,11 @@ from rich.text import Text
 
 from journal import export as exporting
 from journal import groups, otlp, threads, waterfall
-from journal import stats as statistics
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
-from journal.follow import Follower
 from journal.query import QueryError, compile_query
-from journal.reader import JournalError, JournalNotFound, JournalReader
+from journal.reader import JournalError, JournalNotFound
 from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
+from journal.store import REPLICA, JournalStore, is_postgres, open_journal, shown
 from journal.summary import describe
 from replay.answer import answer_view, assemble, waterfall_view
 from smg.projection import reconstruct
@@ -54,7 +53,7 @@ JournalOpt = Annotated[
         "--journal",
         "-j",
         envvar=ENV_VAR,
-        help=f"Journal file (default: ${ENV_VAR}, else ./{DEFAULT_PATH}).",
+        help=f"Journal file or postgresql:// URL of the fleet journal (default: ${ENV_VAR}, else ./{DEFAULT_PATH}).",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -69,24 +68,19 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _open(path: str) -> JournalReader:
+def _open(path: str) -> JournalStore:
     try:
-        return JournalReader(path)
+        return open_journal(path)
     except JournalError as exc:
         _fail(str(exc))
 
 
-def _compile(query: str, reader: JournalReader | None = None) -> tuple[str, list[Any]]:
-    """The query as SQL (over the reader's file when given); a bad query is a usage error (exit 2)."""
+def _compile(query: str) -> None:
+    """Fail on a bad query, before opening anything: a usage error (exit 2)."""
     try:
-        return reader.compile(query) if reader is not None else compile_query(query)
+        compile_query(query)
     except QueryError as exc:
         _fail(f"bad query {query!r}: {exc}", code=2)
-
-
-def _connection(reader: JournalReader) -> sqlite3.Connection:
-    """The reader's read-only connection, for the SQL of `journal.stats` and `journal.follow`."""
-    return reader.connection
 
 
 def _echo_json(value: Any) -> None:
@@ -109,6 +103,7 @@ def ls(
     if sort not in REQUEST_COLUMNS:
         _fail(f"--sort: no column {sort!r}; one of {', '.join(REQUEST_COLUMNS)}", code=2)
     with _open(journal) as reader:
+        where = reader.location
         try:
             rows, total = reader.page(limit, query=query, offset=offset, order=sort, descending=not asc)
         except QueryError as exc:
@@ -120,8 +115,8 @@ def ls(
     cells = [_cells(row) for row in rows]
     shown = f"{len(rows)} of {total}" if total != len(rows) else str(total)
     order = f"{sort}, {'smallest' if asc else 'largest'} first" if sort != "ts" else "oldest first" if asc else ""
-    title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({journal})"
-    console.print(_fit_table(console, title, cells))
+    title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({where})"
+    console.print(_fit_table(console, title, cells, replicas=any(row.get(REPLICA) for row in rows)))
 
 
 def _cells(row: dict[str, Any]) -> dict[str, str]:
@@ -139,6 +134,7 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
         "in/out": _tokens(row),
         "ttfe": _ms(row["ttfe_ms"]),
         "duration": _ms(row["duration_ms"]),
+        "replica": row.get(REPLICA) or "",
     }
 
 
@@ -170,6 +166,7 @@ def show(
                 f"  {_clock(row['ts'], full=True)}  status {_status(row)}",
                 f"  model {row['model'] or '-'}  backend {row['backend'] or '-'}",
                 f"  worker {row['worker'] or '-'}",
+                *([f"  replica {row[REPLICA]}"] if row.get(REPLICA) else []),
                 *([f"  replay of {row['replay_of']}"] if row["replay_of"] else []),
             ),
             title="request",
@@ -220,9 +217,8 @@ def tail(
         if reader is None:
             return
         with reader:
-            where, params = _compile(query, reader)
-            follower = Follower(_connection(reader), where, params)
-            err.print(f"[dim]following {escape(journal)}{escape(f' for {query!r}') if query else ''}…[/]")
+            follower = reader.follower(query)
+            err.print(f"[dim]following {escape(reader.location)}{escape(f' for {query!r}') if query else ''}…[/]")
             shown = 0
             while True:
                 for request_id in follower.poll():
@@ -251,12 +247,12 @@ def _stop_on_ctrl_c() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _wait_for(path: str, deadline: float | None, err: Console) -> JournalReader | None:
+def _wait_for(path: str, deadline: float | None, err: Console) -> JournalStore | None:
     """The journal, once it exists (a tail may start before the gateway); None on timeout."""
     said = False
     while True:
         try:
-            return JournalReader(path)
+            return open_journal(path)
         except JournalNotFound:
             if not said:
                 err.print(f"[dim]waiting for {escape(path)} to appear…[/]")
@@ -379,7 +375,7 @@ def export(
 _EXPORT_PAGE = 500  # requests read at a time: an export of any size holds one page
 
 
-def _selected(reader: JournalReader, query: str, limit: int | None) -> Iterator[dict[str, Any]]:
+def _selected(reader: JournalStore, query: str, limit: int | None) -> Iterator[dict[str, Any]]:
     """The summary rows `query` selects, oldest first, a page at a time; at most `limit`, and a
     line on stderr when the limit left some out."""
     offset = 0
@@ -398,9 +394,9 @@ def _selected(reader: JournalReader, query: str, limit: int | None) -> Iterator[
             return
 
 
-def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str, limit: int | None) -> None:
+def _export_many(reader: JournalStore, query: str, fmt: ExportFormat, url: str, limit: int | None) -> None:
     try:
-        reader.compile(query)
+        reader.check(query)
     except QueryError as exc:
         _fail(f"{query!r} is neither a request id nor a good query: {exc}", code=2)
     known = set(event_kinds())
@@ -465,12 +461,12 @@ def stats(
         _fail(str(exc), code=2)
     if by is not None or width is not None:
         with _open(journal) as reader:
-            where, params = _compile(query, reader)
-            rows = groups.compute(_connection(reader), where, params, by=by, every=width)
+            rows = reader.group_stats(query, by=by, every=width)
             points: list[tuple[Any, float | None]] = []
             if plot:  # the chart is of every group together: a second pass only for it
-                overall = rows if by is None else groups.compute(_connection(reader), where, params, every=width)
+                overall = rows if by is None else reader.group_stats(query, every=width)
                 points = groups.series(overall, plot)
+            where = reader.location
         if as_json:
             _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
             return
@@ -478,16 +474,16 @@ def stats(
         if plot:
             console.print(_plot(points, plot, width or 60, query))
         else:
-            console.print(_groups_table(rows, by, width, query, journal))
+            console.print(_groups_table(rows, by, width, query, where))
         return
     with _open(journal) as reader:
-        where, params = _compile(query, reader)
-        numbers = statistics.compute(_connection(reader), where, params)
+        numbers = reader.stats(query)
+        where = reader.location
     if as_json:
         _echo_json(numbers)
         return
     console = Console()
-    console.print(_stats_view(numbers, query, journal))
+    console.print(_stats_view(numbers, query, where))
 
 
 @journal_app.command("thread")
@@ -508,7 +504,7 @@ def thread_cmd(
         except JournalError as exc:
             _fail(str(exc))
     if turns is None:
-        _fail(f"no request {request_id!r} with a conversation in {journal}")
+        _fail(f"no request {request_id!r} with a conversation in {shown(journal)}")
     if as_json:
         _echo_json(
             [
@@ -518,7 +514,7 @@ def thread_cmd(
         )
         return
     key = turns[0].row["thread_key"] if turns else ""
-    table = Table(title=f"{len(turns)} turns of conversation {key} ({journal})", title_justify="left")
+    table = Table(title=f"{len(turns)} turns of conversation {key} ({shown(journal)})", title_justify="left")
     for name, right in (("#", True), ("id", False), ("time", False), ("status", True), ("model", False)):
         table.add_column(name, justify="right" if right else "left", no_wrap=True)
     table.add_column("in/out", justify="right", no_wrap=True)
@@ -600,7 +596,8 @@ def prune(
     """Delete whole requests, oldest first, by age and/or size (the one command that writes).
 
     Safe while the gateway runs: it deletes in small transactions the gateway interleaves
-    with its own, and keeps requests that may still be in flight.
+    with its own, and keeps requests that may still be in flight. On the fleet journal
+    (a postgresql:// URL) it drops whole days, and trims the day the age falls in.
     """
     from journal.retention import parse_age, parse_size
     from journal.retention import prune as prune_journal
@@ -613,19 +610,34 @@ def prune(
         max_bytes = parse_size(max_size) if max_size is not None else None
     except ValueError as exc:
         _fail(str(exc), code=2)
-    try:
-        result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
-    except FileNotFoundError as exc:
-        _fail(str(exc))
-    except (sqlite3.DatabaseError, SchemaTooNew) as exc:
-        _fail(f"{journal} cannot be pruned: {exc}")
+    if is_postgres(journal):
+        result = _prune_fleet(journal, max_age_s, max_bytes)
+    else:
+        try:
+            result = prune_journal(journal, max_age_s=max_age_s, max_bytes=max_bytes, shrink=shrink)
+        except FileNotFoundError as exc:
+            _fail(str(exc))
+        except (sqlite3.DatabaseError, SchemaTooNew) as exc:
+            _fail(f"{journal} cannot be pruned: {exc}")
     if as_json:
         _echo_json(vars(result))
         return
     typer.echo(
-        f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {journal}:"
+        f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {shown(journal)}:"
         f" {result.bytes_before / 1e6:.1f} MB -> {result.bytes_after / 1e6:.1f} MB of data"
     )
+
+
+def _prune_fleet(url: str, max_age_s: float | None, max_bytes: int | None) -> Any:
+    """`prune` of the fleet journal: whole days dropped (`journal.pg.prune`)."""
+    import psycopg
+
+    from journal.pg.prune import prune as prune_fleet
+
+    try:
+        return prune_fleet(url, max_age_s=max_age_s, max_bytes=max_bytes)
+    except psycopg.Error as exc:
+        _fail(f"{shown(url)} cannot be pruned: {str(exc).strip() or type(exc).__name__}")
 
 
 # -- pieces ------------------------------------------------------------------------------
@@ -639,7 +651,7 @@ def _load(journal: str, request_id: str) -> tuple[dict[str, Any], list[exporting
         except JournalError as exc:
             _fail(str(exc))
         if row is None:
-            _fail(f"no request {request_id!r} in {journal}")
+            _fail(f"no request {request_id!r} in {shown(journal)}")
         raw = reader.raw_events(row["id"])
     known = set(event_kinds())
     return row, raw, [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
@@ -794,16 +806,19 @@ _ORDER = (
 )  # fmt: skip
 
 
-def _fit_table(console: Console, title: str, cells: list[dict[str, str]]) -> Table:
-    keep = len(_LS_COLUMNS)
+def _fit_table(console: Console, title: str, cells: list[dict[str, str]], *, replicas: bool = False) -> Table:
+    """The ls table; `replicas`: with the replica column (rows of the fleet journal)."""
+    columns = (*_LS_COLUMNS[:1], "replica", *_LS_COLUMNS[1:]) if replicas else _LS_COLUMNS
+    order = (*_ORDER[:1], "replica", *_ORDER[1:]) if replicas else _ORDER
+    keep = len(columns)
     while True:
-        shown = set(_LS_COLUMNS[:keep])
+        kept = set(columns[:keep])
         table = Table(title=title, title_justify="left")
-        for name in _ORDER:
-            if name in shown:
+        for name in order:
+            if name in kept:
                 table.add_column(name, no_wrap=True, justify="right" if name in _RIGHT else "left")
         for row in cells:
-            table.add_row(*(row[name] for name in _ORDER if name in shown))
+            table.add_row(*(row[name] for name in order if name in kept))
         width = Measurement.get(console, console.options.update_width(10_000), table).maximum
         if width <= console.width or keep <= 3:
             return table

@@ -23,8 +23,9 @@ from rich.markup import escape
 
 from journal.events import Event
 from journal.query import QueryError, compile_query
-from journal.reader import JournalError, JournalReader
+from journal.reader import JournalError
 from journal.schema import DEFAULT_PATH, ENV_VAR
+from journal.store import JournalStore, is_postgres, open_journal
 from replay.diff import render
 from replay.offline import NotReplayable, Report, TokenizerUnavailable, check, load_tokenizer
 from replay.remote import RemoteResult, ReplayError, replay_to
@@ -70,7 +71,8 @@ def replay(
             "--journal",
             "-j",
             envvar=ENV_VAR,
-            help=f"Journal to read (with --to, the replay is recorded there too). Default ${ENV_VAR}, else"
+            help="Journal to read: a file (with --to, the replay is recorded there too) or a postgresql:// URL of"
+            f" the fleet journal (the replay is recorded by the gateway it goes to). Default ${ENV_VAR}, else"
             f" ./{DEFAULT_PATH}.",
         ),
     ] = DEFAULT_PATH,
@@ -96,7 +98,7 @@ def replay(
     if not check_all and not target:
         raise _fail("which request? give its id (or a unique prefix)")
     try:
-        reader = JournalReader(journal)
+        reader = open_journal(journal)
     except JournalError as exc:
         raise _fail(str(exc)) from exc
     console = Console()
@@ -111,7 +113,10 @@ def replay(
     sent = _headers(header or [], api_key)
     tokens = _pairs(mcp_token or [], "--mcp-token", "NAME=TOKEN")
     try:
-        result = asyncio.run(replay_to(events, to, sent, journal, exact=exact, text=text or None, mcp_tokens=tokens))
+        # The fleet journal is written by the replicas' shippers, never by a reader: a replay
+        # read from it is journaled by the gateway it goes to (marked `replay_of`), not here.
+        here = None if is_postgres(journal) else journal
+        result = asyncio.run(replay_to(events, to, sent, here, exact=exact, text=text or None, mcp_tokens=tokens))
     except ReplayError as exc:
         raise _fail(str(exc)) from exc
     raise typer.Exit(_show_remote(console, result, exact))
@@ -120,13 +125,13 @@ def replay(
 # -- input -------------------------------------------------------------------------------
 
 
-def _load(reader: JournalReader, id_or_prefix: str) -> tuple[str, list[Event]]:
+def _load(reader: JournalStore, id_or_prefix: str) -> tuple[str, list[Event]]:
     try:
         row = reader.get_request(id_or_prefix)
     except JournalError as exc:
         raise _fail(str(exc)) from exc
     if row is None:
-        raise _fail(f"no request {id_or_prefix!r} in {reader.path}")
+        raise _fail(f"no request {id_or_prefix!r} in {reader.location}")
     request_id = str(row["id"])
     if row.get("bodies") not in (None, "full"):
         raise _fail(f"{request_id} was journaled with --journal-bodies {row['bodies']}: replay needs full bodies")
@@ -164,7 +169,7 @@ def _tokenizer(path: Path | None) -> Tokenizer | None:
         raise _fail(str(exc)) from exc
 
 
-def _matching(reader: JournalReader, query: str | None) -> Iterator[str]:
+def _matching(reader: JournalStore, query: str | None) -> Iterator[str]:
     """Ids of the requests `query` selects (all without one), oldest first, page by page."""
     try:
         compile_query(query or "")
@@ -210,7 +215,7 @@ def _show_report(console: Console, report: Report, *, verbose: bool) -> None:
     console.print(render(report.differences, left="recorded", right="recomputed"))
 
 
-def _check_all(console: Console, reader: JournalReader, query: str | None, tokenizer: Tokenizer | None) -> int:
+def _check_all(console: Console, reader: JournalStore, query: str | None, tokenizer: Tokenizer | None) -> int:
     counts = {"identical": 0, "different": 0, "skipped": 0, "failed": 0}
     for request_id in _matching(reader, query):
         events = [e for _, e in reader.events(request_id)]

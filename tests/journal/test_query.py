@@ -136,6 +136,7 @@ STRING_COLUMNS = {
     "session": "session_id",
     "key": "key_fp",
     "thread": "thread_key",
+    "replica": "replica",  # a file names no replica: None in every row here
 }
 NUMBER_COLUMNS = {
     "status": "status",

@@ -2,6 +2,7 @@
 
     python -m tools.build_journal j1m.db --requests 1000000
     python -m tools.bench.journal_scale j1m.db [--prune] [--reps 3] [--json PATH]
+    python -m tools.bench.journal_scale j1m.db --postgres [URL] [--ship]
 
 Each query is timed as `smg journal ls` runs it (the first page of 50 newest first, and the
 count), each `stats` as the command computes it, through a reader opened for the
@@ -11,6 +12,12 @@ is read from the disk; warm: the median of `--reps` more runs right after. `--pr
 prunes a copy of the file (next to it) down to 90% of its data (`prune --max-size`) while
 another connection takes the write lock every 20 ms, as a gateway's writer would, and reports
 the longest it had to wait.
+
+`--postgres` times the same queries on the fleet journal (`journal.pg.read`): at URL, or
+without one in a PostgreSQL the bench starts in a temp dir (`tools.servers.postgres`);
+`--ship` (implied without a URL) first ships the file there with the gateway's shipper and
+prints its rate. Cold there is the first run on a new connection (PostgreSQL's buffers and the
+OS cache are not dropped: cold only as far as a new session is); warm, the median after it.
 """
 
 from __future__ import annotations
@@ -27,10 +34,10 @@ from typing import Any
 
 import orjson
 
-from journal import groups, schema
-from journal import stats as statistics
+from journal import schema
 from journal.reader import JournalReader
 from journal.retention import prune, used_bytes
+from journal.store import JournalStore, open_journal
 
 # The rows of the README table, in its order; `{trace}` and `{key}` are filled from the file.
 QUERIES: tuple[tuple[str, str], ...] = (
@@ -76,10 +83,11 @@ def drop_cache(path: Path) -> None:
                 os.close(fd)
 
 
-def timed(path: Path, run: Callable[[JournalReader], Any], reps: int) -> dict[str, Any]:
+def timed(path: Path | str, run: Callable[[JournalStore], Any], reps: int) -> dict[str, Any]:
     """Cold (a new reader, the file out of the page cache) and warm (median of `reps`) seconds."""
-    drop_cache(path)
-    with JournalReader(path) as reader:
+    if isinstance(path, Path):
+        drop_cache(path)
+    with open_journal(path) as reader:
         started = time.perf_counter()
         result = run(reader)
         cold = time.perf_counter() - started
@@ -91,22 +99,53 @@ def timed(path: Path, run: Callable[[JournalReader], Any], reps: int) -> dict[st
     return {"cold_s": cold, "warm_s": stats_mod.median(warm), "result": result}
 
 
-def _page(query: str) -> Callable[[JournalReader], Any]:
-    def run(reader: JournalReader) -> Any:
+def _page(query: str) -> Callable[[JournalStore], Any]:
+    def run(reader: JournalStore) -> Any:
         rows, total = reader.page(50, query=query)
         return total
 
     return run
 
 
-def _stats(query: str, by: str | None, every: int | None) -> Callable[[JournalReader], Any]:
-    def run(reader: JournalReader) -> Any:
-        where, params = reader.compile(query)
+def _stats(query: str, by: str | None, every: int | None) -> Callable[[JournalStore], Any]:
+    def run(reader: JournalStore) -> Any:
         if by is None and every is None:
-            return statistics.compute(reader.connection, where, params)["requests"]
-        return len(groups.compute(reader.connection, where, params, by=by, every=every))
+            return reader.stats(query)["requests"]
+        return len(reader.group_stats(query, by=by, every=every))
 
     return run
+
+
+def ship(path: Path, url: str) -> dict[str, Any]:
+    """Ship the file to the fleet journal at `url` (schema created) as replica `bench`; the rate."""
+    import psycopg
+
+    from journal.pg import outbox
+    from journal.pg import schema as pg_schema
+    from journal.pg.read import PostgresReader
+    from journal.pg.shipper import Shipper
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg_schema.migrate(conn)
+    local = schema.connect(path)
+    try:
+        outbox.uninstall(local)  # a file that shipped before: its whole history is queued again
+        total = int(local.execute("SELECT count(*) FROM requests WHERE completed = 1").fetchone()[0])
+    finally:
+        local.close()
+    shipper = Shipper(path, url, "bench")
+    started = time.perf_counter()
+    shipper.start()
+    try:
+        with PostgresReader(url) as fleet:
+            while (shipped := fleet.count()) < total:
+                if time.perf_counter() - started > 3600:
+                    raise RuntimeError(f"shipped {shipped} of {total} requests in an hour: {shipper.stats}")
+                time.sleep(0.5)
+    finally:
+        shipper.stop()
+    elapsed = time.perf_counter() - started
+    return {"requests": total, "ship_s": elapsed, "requests_per_s": total / elapsed}
 
 
 def _samples(path: Path) -> dict[str, str]:
@@ -192,17 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink", action="store_true", help="prune --shrink: also give the pages back")
     parser.add_argument("--only", default="", help="only the rows whose label contains this")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--postgres", nargs="?", const="", default=None, metavar="URL", help="time the fleet journal (see above)"
+    )
+    parser.add_argument("--ship", action="store_true", help="with --postgres URL: ship the file there first")
     args = parser.parse_args(argv)
+    if args.postgres is not None:
+        return _postgres(args)
     samples = _samples(args.path)
     out: dict[str, Any] = {"path": str(args.path), "rows": []}
     with JournalReader(args.path) as reader:
         out["requests"] = reader.count()
     print(f"{args.path}: {out['requests']} requests")
-    jobs: list[tuple[str, Callable[[JournalReader], Any]]] = [
-        (query.format(**samples), _page(query.format(**samples))) for _, query in QUERIES
-    ]
-    jobs += [(label, _stats(query, by, every)) for label, query, by, every in STATS]
-    for label, run in jobs:
+    for label, run in _jobs(samples):
         if args.only not in label:
             continue
         figures = timed(args.path, run, args.reps)
@@ -220,6 +261,56 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _jobs(samples: dict[str, str]) -> list[tuple[str, Callable[[JournalStore], Any]]]:
+    jobs: list[tuple[str, Callable[[JournalStore], Any]]] = [
+        (query.format(**samples), _page(query.format(**samples))) for _, query in QUERIES
+    ]
+    return jobs + [(label, _stats(query, by, every)) for label, query, by, every in STATS]
+
+
+def _exit(*_: object) -> None:
+    raise SystemExit(1)
+
+
+def _postgres(args: argparse.Namespace) -> int:
+    server = None
+    url = args.postgres
+    if not url:
+        import signal
+
+        from tools.servers.postgres import PostgresServer
+
+        # A `timeout` or Ctrl-C still stops the server the bench started (atexit does not run on SIGTERM).
+        signal.signal(signal.SIGTERM, _exit)
+        server = PostgresServer().start()
+        url = server.create_database("bench")
+    try:
+        out: dict[str, Any] = {"path": str(args.path), "rows": []}
+        if args.ship or server is not None:
+            out["ship"] = shipped = ship(args.path, url)
+            print(
+                f"shipped {shipped['requests']} requests in {shipped['ship_s']:.1f}s"
+                f" ({shipped['requests_per_s']:.0f} requests/s)"
+            )
+        samples = _samples(args.path)
+        with open_journal(url) as reader:
+            out["requests"] = reader.count()
+        print(f"fleet journal: {out['requests']} requests")
+        for label, run in _jobs(samples):
+            if args.only not in label:
+                continue
+            figures = timed(url, run, args.reps)
+            out["rows"].append({"label": label, **figures})
+            cold, warm = figures["cold_s"], figures["warm_s"]
+            print(f"{label[:48]:<48} cold {cold:7.3f}s  warm {warm:7.3f}s  -> {figures['result']}")
+        if args.json:
+            args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    finally:
+        if server is not None:
+            server.close()
     return 0
 
 
