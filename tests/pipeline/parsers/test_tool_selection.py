@@ -29,10 +29,14 @@ NAMES = {
     "mistral",
     "deepseek",
     "deepseek31",
+    "deepseek32",
+    "deepseek_v4",
     "glm45_moe",
     "glm47_moe",
     "kimik2",
+    "kimi_k3",
     "minimax_m2",
+    "cohere",
     "passthrough",
 }
 
@@ -91,6 +95,15 @@ def test_registry_names() -> None:
         ("MiniMaxAI/MiniMax-M2", "minimax_m2"),
         ("CohereForAI/c4ai-command-r-plus", "cohere"),
         ("command-a-03-2025", "cohere"),
+        # The families with their own parsers, by every spelling of their rows.
+        ("deepseek-v3.2", "deepseek32"),
+        ("deepseek-ai/DeepSeek-V3.2-Speciale", "deepseek32"),
+        ("deepseek-v4-pro", "deepseek_v4"),
+        ("Kimi-K3-Instruct", "kimi_k3"),
+        ("Kimi_K3", "kimi_k3"),
+        ("CohereLabs/c4ai-command-r7b-12-2024", "cohere"),
+        ("CohereForAI/c4ai-command-a-03-2025", "cohere"),
+        ("cohere-command-x", "cohere"),
     ],
 )
 def test_detection(model: str, parser: str) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from smg.pipeline.generation import TextStage
 from smg.pipeline.parsers.tools.base import IdFactory, ToolParser, Tools, client_tool_use_id, random_tool_use_id
+from smg.pipeline.parsers.tools.cohere import CohereParser
 from smg.pipeline.parsers.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from smg.pipeline.parsers.tools.deepseek_dsml import DeepSeekV4Parser, DeepSeekV32Parser
 from smg.pipeline.parsers.tools.detect import MODEL_PATTERNS, detect_tool_parser
 from smg.pipeline.parsers.tools.forced import parse_forced_any, parse_forced_tool
 from smg.pipeline.parsers.tools.glm import Glm45Parser, Glm47Parser
 from smg.pipeline.parsers.tools.jsonish import JsonParser, LlamaParser
 from smg.pipeline.parsers.tools.kimik2 import KimiK2Parser
+from smg.pipeline.parsers.tools.kimik3 import KimiK3Parser
 from smg.pipeline.parsers.tools.minimax import MinimaxM2Parser
 from smg.pipeline.parsers.tools.mistral import MistralParser
 from smg.pipeline.parsers.tools.passthrough import PassthroughParser
@@ -34,15 +37,19 @@ TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "mistral": MistralParser,
     "deepseek": DeepSeekV3Parser,
     "deepseek31": DeepSeekV31Parser,
+    "deepseek32": DeepSeekV32Parser,
+    "deepseek_v4": DeepSeekV4Parser,
     "glm45_moe": Glm45Parser,
     "glm47_moe": Glm47Parser,
     "kimik2": KimiK2Parser,
+    "kimi_k3": KimiK3Parser,
     "minimax_m2": MinimaxM2Parser,
+    "cohere": CohereParser,
     "passthrough": PassthroughParser,
 }
 
 # Names the reference registers (and §F.7 can detect) that have no parser here.
-UNIMPLEMENTED = frozenset({"deepseek32", "deepseek_v4", "sarashina", "step3", "kimi_k3", "inkling", "cohere"})
+UNIMPLEMENTED = frozenset({"sarashina", "step3", "inkling"})
 
 
 def has_tool_parser(name: str) -> bool:

@@ -11,8 +11,8 @@ with the tool's name as an attribute, then one tagged element per parameter:
 A format names its strings (what closes an opening tag, which attributes carry the tool name and
 the parameter key) and may say how an attribute gives a value its type. A call opens as soon as
 its opening tag is read; parameters become members of the arguments object (xmlish.py). With
-`json_body`, a call may hold one JSON arguments object instead of parameters, which streams as it
-arrives.
+`json_body`, a call may hold one JSON arguments object instead of parameters (bare, or inside a
+`json_open` … `json_close` element), which streams as it arrives.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from smg.pipeline.parsers.tools import jsonstream as js
 from smg.pipeline.parsers.tools.base import TEXT
-from smg.pipeline.parsers.tools.xmlish import XmlCallParser
+from smg.pipeline.parsers.tools.xmlish import NAME, XmlCallParser
 
 # One attribute: `key="v"`, `key='v'` or a bare `key=v`.
 _ATTR = r"""(\w+)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))"""
@@ -50,6 +50,8 @@ class InvokeParser(XmlCallParser):
     name_attr: ClassVar[str] = "name"
     key_attr: ClassVar[str] = "name"
     json_body: ClassVar[bool] = False
+    json_open: ClassVar[str] = ""
+    json_close: ClassVar[str] = ""
 
     def _open(self, marker: str) -> None:
         self.mode = "block"
@@ -61,6 +63,9 @@ class InvokeParser(XmlCallParser):
     def _attr(self, value: str) -> str:
         """An attribute value as written → its text."""
         return value.strip()
+
+    def _valid_name(self, name: str) -> bool:
+        return NAME.fullmatch(name) is not None
 
     def _step_mode(self) -> bool:
         mode = self.mode
@@ -82,11 +87,21 @@ class InvokeParser(XmlCallParser):
                     self._start_value(key, self._value_type(key, attrs))
                 else:
                     self._garbage(self.parameter)
-            elif attrs:
+            elif attrs and self._valid_name(attrs[required]):
                 self._open_xml_call(attrs[required])
                 self.mode = "params"
             else:
                 self._broken()
+            return True
+        if mode == "json_tag":
+            read = self._read_until((self.tag_end,), limit=_TAG_LIMIT)
+            if read is None:
+                return False
+            attrs, end = read
+            if not end or parse_attrs(attrs) is None:
+                self._garbage(self.json_open + attrs + end)
+            else:
+                self.mode = "json_start"
             return True
         if not self._skip_ws():
             return False
@@ -101,9 +116,16 @@ class InvokeParser(XmlCallParser):
             else:
                 self._broken()
             return True
+        if mode == "json_start":
+            if self._buf[0] == "{":
+                self._stream = js.ArgsStream()
+                self.mode = "json"
+            else:
+                self._garbage()
+            return True
         if mode == "json_end":
-            # After a JSON arguments object the call is closed: only its closing may follow.
-            found = self._expect(self.end_invoke, self.block_end)
+            # After a JSON arguments object the call is closed: only closings may follow.
+            found = self._expect(*filter(None, (self.json_close, self.end_invoke, self.block_end)))
             if found == "":
                 return False
             self._raw = []
@@ -111,19 +133,24 @@ class InvokeParser(XmlCallParser):
                 self.mode = "block"
             elif found == self.block_end:
                 self.mode = TEXT
-            else:  # other text: the block is over, and a closing marker later is dropped
+            elif found is None:  # other text: the block is over, and a closing marker later is dropped
                 self.mode = TEXT
                 self._pending_end = self.block_end
+            # else the JSON element's closing, before the call's
             return True
         # "params": between parameters
-        if self.json_body and not self._members and self._buf[0] == "{":
+        json_first = self.json_body and not self._members
+        if json_first and not self.json_open and self._buf[0] == "{":
             self._stream = js.ArgsStream()
             self.mode = "json"
             return True
-        found = self._expect(self.parameter, self.end_invoke, self.block_end)
+        json_open = (self.json_open,) if json_first and self.json_open else ()
+        found = self._expect(self.parameter, self.end_invoke, self.block_end, *json_open)
         if found == "":
             return False
-        if found == self.parameter:
+        if found and found == self.json_open:
+            self.mode = "json_tag"
+        elif found == self.parameter:
             self.mode = "parameter"
         elif found == self.end_invoke:
             self._close_xml_call()
