@@ -9,15 +9,14 @@ configured explicitly and has a builder — a `structural_tag` in the model's ow
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
+from smg.pipeline.parsers.tools import kimik3
 from smg.protocol.errors import ApiError
 
 ConstraintKind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
 Constraint = tuple[ConstraintKind, str]
-
-# Parsers whose native call format can be written as a structural tag.
-STRUCTURAL_TAG_PARSERS = frozenset({"mistral", "kimik2"})
 
 
 def _schema(tool: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +102,16 @@ def _kimik2_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, An
     }
 
 
+# Parsers whose native call format can be written as a structural tag, with its builder
+# (the chosen tools, whether a call is required → the tag).
+_TAG_BUILDERS: dict[str, Callable[[list[dict[str, Any]], bool], dict[str, Any]]] = {
+    "mistral": _mistral_tag,
+    "kimik2": _kimik2_tag,
+    "kimi_k3": kimik3.structural_tag,
+}
+STRUCTURAL_TAG_PARSERS = frozenset(_TAG_BUILDERS)
+
+
 def tool_constraint(
     choice: str | None,
     forced_name: str | None,
@@ -116,8 +125,8 @@ def tool_constraint(
     chosen = [t for t in tools if t["function"]["name"] == forced_name] if choice == "tool" else tools
     if not chosen:
         return None
-    if configured_parser in STRUCTURAL_TAG_PARSERS:
-        builder = _mistral_tag if configured_parser == "mistral" else _kimik2_tag
+    builder = _TAG_BUILDERS.get(configured_parser or "")
+    if builder is not None:
         return "structural_tag", json.dumps(builder(chosen, True), separators=(",", ":"))
     if choice == "tool":
         return "json_schema", json.dumps(_schema(chosen[0]), separators=(",", ":"))
