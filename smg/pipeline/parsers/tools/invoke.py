@@ -97,9 +97,9 @@ class InvokeParser(XmlCallParser):
             read = self._read_until((self.tag_end,), limit=_TAG_LIMIT)
             if read is None:
                 return False
-            attrs, end = read
-            if not end or parse_attrs(attrs) is None:
-                self._garbage(self.json_open + attrs + end)
+            tag, end = read
+            if not end or parse_attrs(tag) is None:
+                self._garbage(self.json_open + tag + end)
             else:
                 self.mode = "json_start"
             return True
