@@ -11,6 +11,7 @@ import pytest
 from smg.pipeline.constraints import tool_constraint
 from smg.pipeline.parsers.tools.kimik3 import RESPONSE_CLOSE, THINK_CLOSE, TOOLS_CLOSE, TOOLS_OPEN, structural_tag
 from tests.pipeline.parsers.test_tool_parsers import result, run
+from tests.pipeline.test_output import USER, _plan
 
 WEATHER = {
     "type": "function",
@@ -125,3 +126,14 @@ def test_output_the_grammar_admits_is_read_as_its_calls(prefix: str) -> None:
         assert calls == [("get_weather", VALUES)] * 2
         # A closed think channel is the reasoning parser's to take; the response wrapper is dropped.
         assert text == (THINK_CLOSE if prefix == THINK_CLOSE else "")
+
+
+def test_the_plan_reads_forced_kimi_k3_output_with_its_own_parser() -> None:
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    body = {"messages": USER, "tools": [tool], "tool_choice": {"type": "any"}}
+    plan = _plan(body, "moonshotai/Kimi-K3", tool_parser="kimi_k3")
+    assert plan.constraint[0] == "structural_tag" and plan.tool_parser == "kimi_k3"
+    assert plan.skip_special_tokens is False  # the format's markers must reach the parser
+    # Detected from the id alone, kimi_k3 gets the JSON schema like every parser.
+    detected = _plan(body, "moonshotai/Kimi-K3")
+    assert detected.constraint[0] == "json_schema" and detected.tool_parser == "json"
