@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from smg.pipeline.constraints import tool_constraint
+from smg.pipeline.generation import Piece, Text, Thinking
+from smg.pipeline.parsers.reasoning import make_reasoning_parser
+from smg.pipeline.parsers.tools import make_tool_parser
 from smg.pipeline.parsers.tools.kimik3 import RESPONSE_CLOSE, THINK_CLOSE, TOOLS_CLOSE, TOOLS_OPEN, structural_tag
 from tests.pipeline.parsers.test_tool_parsers import result, run
 from tests.pipeline.test_output import USER, _plan
@@ -126,6 +129,19 @@ def test_output_the_grammar_admits_is_read_as_its_calls(prefix: str) -> None:
         assert calls == [("get_weather", VALUES)] * 2
         # A closed think channel is the reasoning parser's to take; the response wrapper is dropped.
         assert text == (THINK_CLOSE if prefix == THINK_CLOSE else "")
+
+
+def test_forced_output_after_reasoning_goes_through_both_stages() -> None:
+    tag = structural_tag([WEATHER], True)["format"]["tags"][1]
+    output = "I should look it up." + tag["begin"] + _write(tag["content"]) + tag["end"]
+    reasoning = make_reasoning_parser("kimi_k3", in_reasoning=True, start_consumed=True)
+    tools = make_tool_parser("kimi_k3", [WEATHER])
+    pieces: list[Piece] = []
+    for ch in output:
+        pieces += tools.feed(reasoning.feed([Text(ch)]))
+    pieces += tools.feed(reasoning.flush()) + tools.flush()
+    assert "".join(p.text for p in pieces if isinstance(p, Thinking)) == "I should look it up."
+    assert result(pieces) == ("", [("get_weather", VALUES)])
 
 
 def test_the_plan_reads_forced_kimi_k3_output_with_its_own_parser() -> None:

@@ -30,8 +30,7 @@ _ALL: tuple[type[MarkerParser], ...] = (MarkerParser, *PARSER_CLASSES)
 REASONING_PARSERS: Mapping[str, type[MarkerParser]] = MappingProxyType({cls.name: cls for cls in _ALL})
 
 # behaviors.md §F.7, in order: a case-insensitive substring of the model id, first match wins.
-# `kimi_k3` and `inkling` are listed although not implemented, so that their ids stop here
-# instead of falling through to `kimi`.
+# `inkling` is listed although not implemented, so that its ids stop here.
 DETECTION_PATTERNS: tuple[tuple[str, str], ...] = (
     ("deepseek-r1", "deepseek_r1"),
     ("deepseek-v4", "deepseek_v4"),

@@ -80,7 +80,7 @@ class MarkerParser:
                 i, marker = min(hits)
                 self._emit(text[:i], out)
                 text = text[i + len(marker) :]
-                self._cross(marker)
+                self._emit(self._cross(marker), out)
                 continue
             keep = _partial_marker_len(text, markers)
             self._emit(text[: len(text) - keep], out)
@@ -95,7 +95,9 @@ class MarkerParser:
             markers.append(self.start)
         return markers
 
-    def _cross(self, marker: str) -> None:
+    def _cross(self, marker: str) -> str:
+        """Take the state change of `marker`; what it stands for in the new section (markers
+        themselves are not text)."""
         if marker == self.end:
             self.in_reasoning = False
             self._strip_answer = True
@@ -104,6 +106,7 @@ class MarkerParser:
             self.in_reasoning = True
             self._strip_answer = False
         self._leads = self._lead_chars()
+        return ""
 
     def _lead_chars(self) -> tuple[str, ...]:
         """The first characters of the live markers: text with none of them cannot hold one."""
