@@ -11,7 +11,7 @@ VLLM_STAMP  := $(VLLM_VENV)/.installed
 TINY_MODEL  := .cache/tiny-qwen3
 REAL_HF_MODEL := .cache/smollm2-hf
 
-.PHONY: demo demo-scripted model servers test bench bench-grpc test-vllm clean
+.PHONY: demo demo-scripted fleet model servers test bench bench-grpc test-vllm clean
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ demo-scripted: $(STAMP)
 # packages, installed only when missing; nothing is started here).
 servers:
 	bash tools/install_servers.sh
+# Opt-in: PostgreSQL in a temp dir, a scripted engine and two replicas shipping to one fleet journal.
+fleet: $(STAMP) servers
+	$(BIN)/python -m tools.fleet
 
 # Lint and types first (seconds), then the suite.
 test: $(STAMP) servers

@@ -298,6 +298,7 @@ class Error(Event):
     message: str
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)  # response headers it carried
+    detail: str | None = None  # for operators, not sent to the client: e.g. the engine's own words and address
 
 
 @_register

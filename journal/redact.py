@@ -1,7 +1,12 @@
 """Secrets never reach the journal in clear.
 
-Secrets are header values (`SECRET_HEADERS`), query parameters that look like credentials
-(`redact_query`) and MCP tokens in request bodies (`redact_body`). A secret is replaced by
+Secrets are, by rule rather than by list: the values of headers whose name says they carry a
+credential (`credential_header`: a word of the name is `auth`, `key`, `token`, `secret`,
+`password`, `cookie`, `credential`, `session`, `signature`…, unless the name ends in `-id`, an
+identifier such as a session or request id), query parameters that look like credentials
+(`redact_query`), and in request bodies the MCP servers' `authorization_token` and the
+credentials of every http(s) URL in a string (userinfo, credential-like query parameters;
+`redact_url`). A secret is replaced by
 `[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
 of the value, so an operator can tell two keys apart (or match one they hold) without the
 journal storing anything usable. `redacted(event)` is applied once, by the writer, before an
@@ -11,18 +16,34 @@ idempotent (a redacted value is left as it is).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-from urllib.parse import quote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
 from journal.bodies import fingerprint
 from journal.events import Event, Received, Upstream, Validated
 
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
+"""The credential headers every client and worker kind uses; `credential_header` covers the rest."""
+# A word of a header name (split at `-`, `_`, `.`) that says the value opens something.
+_CREDENTIAL_WORDS = frozenset(
+    {
+        "auth", "authorization", "authentication", "key", "apikey", "token", "secret", "password", "passwd",
+        "pwd", "cookie", "credential", "credentials", "session", "signature", "sig", "jwt", "bearer", "csrf",
+        "xsrf", "otp",
+    }
+)  # fmt: skip
+# Inside a word run together (`x-apikey`, `accesstoken`, `clientsecret`).
+_CREDENTIAL_PARTS = ("authoriz", "apikey", "secret", "passw", "cookie", "credential", "bearer")
+_CREDENTIAL_ENDINGS = ("key", "token")
+# Named like credentials, but the gateway (and its readers) need them as sent.
+_NOT_CREDENTIALS = frozenset({"idempotency-key"})
+_WORD_SPLIT = re.compile(r"[-_.\s]+")
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
 # The key as a JSON string with any of its characters escaped (`\\u0061` for `a`); IGNORECASE
@@ -38,9 +59,99 @@ def redact_value(value: str) -> str:
     return f"{_PREFIX}{digest}]"
 
 
+@functools.lru_cache(maxsize=1024)
+def credential_header(name: str) -> bool:
+    """Whether a header (any case) carries a credential, judged by its name: one of
+    `SECRET_HEADERS`, or a name with a word that says so (`api-key`, `x-goog-api-key`,
+    `x-auth-token`, `anthropic-api-key`, `x-amz-security-token`, `x-client-secret`…). A name
+    whose last word is `id` is an identifier (`x-claude-code-session-id`, `x-request-id`), and
+    words that only count (`anthropic-ratelimit-tokens-remaining`) are not credentials."""
+    lowered = name.strip().lower()
+    if lowered in SECRET_HEADERS:
+        return True
+    if lowered in _NOT_CREDENTIALS:
+        return False
+    words = [w for w in _WORD_SPLIT.split(lowered) if w]
+    if not words or words[-1] == "id":
+        return False
+    return any(
+        w in _CREDENTIAL_WORDS or w.endswith(_CREDENTIAL_ENDINGS) or any(p in w for p in _CREDENTIAL_PARTS)
+        for w in words
+    )
+
+
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """A copy of `headers` with the values of secret headers (any case) redacted."""
-    return {name: redact_value(value) if name.lower() in SECRET_HEADERS else value for name, value in headers.items()}
+    """A copy of `headers` with the values of credential headers (`credential_header`) redacted."""
+    return {name: redact_value(value) if credential_header(name) else value for name, value in headers.items()}
+
+
+# An http(s) URL as it can appear in a JSON text (`\/` escapes included), up to a quote or a space.
+_URL_IN_TEXT = re.compile(r"(?i)https?:(?:\\?/){2}[^\s\"]*")
+
+
+def redact_url(text: str) -> str:
+    """`text`, when it is an http(s) URL, with its credentials redacted: the userinfo
+    (`user:password@`) as one secret, and the values of credential-like query parameters
+    (`redact_query`); anything else unchanged."""
+    if "://" not in text:
+        return text
+    stripped = text.strip()
+    if not stripped[:8].lower().startswith(("http://", "https://")):
+        return text
+    try:
+        parts = urlsplit(stripped)
+    except ValueError:
+        return text
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at:
+        plain = unquote(userinfo)
+        if not plain.startswith(_PREFIX):
+            netloc = f"{quote(redact_value(plain), safe='[]:')}@{host}"
+    query = redact_query(parts.query)
+    if netloc == parts.netloc and query == parts.query:
+        return text
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _may_hold_url_secret(text: str) -> bool:
+    """Whether an http(s) URL in `text` may carry a credential (one scan; bodies without one
+    cost no parse)."""
+    if "://" not in text and ":\\/\\/" not in text:
+        return False
+    for match in _URL_IN_TEXT.finditer(text):
+        url = match.group()
+        if "@" in url or "\\u" in url or "%40" in url:
+            return True
+        if "?" in url and "=" in url:
+            query = url.partition("?")[2].partition("#")[0]
+            if any(_secret_param(part.partition("=")[0]) for part in query.split("&")):
+                return True
+    return False
+
+
+def _redact_urls(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, dict):
+        return {k: _redact_urls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_urls(v) for v in value]
+    return value
+
+
+def _secret_urls(value: Any, found: dict[str, str]) -> dict[str, str]:
+    """Every string in `value` that `redact_url` changes, with its redacted form."""
+    if isinstance(value, str):
+        if "://" in value and (redacted_url := redact_url(value)) != value:
+            found[value] = redacted_url
+    elif isinstance(value, dict):
+        for item in value.values():
+            _secret_urls(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _secret_urls(item, found)
+    return found
 
 
 def _may_hold_token(text: str) -> bool:
@@ -77,7 +188,9 @@ def _tokens_in(text: str) -> tuple[Any, list[Any], bool] | None:
 
 
 def redact_body(text: str) -> str:
-    """`text` with every `authorization_token` value redacted (the MCP servers' tokens).
+    """`text` with every `authorization_token` value redacted (the MCP servers' tokens), and the
+    credentials of every http(s) URL in its strings (`redact_url`: `mcp_servers[].url`, image
+    and document URLs, anything else).
 
     Redaction works on the parsed value, whatever the spelling: a key or a token written
     with JSON escapes, a key given twice (both values go), a token that is not a string.
@@ -88,23 +201,25 @@ def redact_body(text: str) -> str:
     token but does not parse is stored as a fingerprint (`[text sha256:… len=…]`), never as
     it came.
     """
-    if not _may_hold_token(text):
+    if not _may_hold_token(text) and not _may_hold_url_secret(text):
         return text
     parsed = _tokens_in(text)
     if parsed is None:
         return fingerprint(text)
     body, tokens, repeated = parsed
-    if not tokens:
+    urls = _secret_urls(body, {})
+    if not tokens and not urls:
         return text
     if not repeated and all(isinstance(t, str) for t in tokens):
         out = text
-        for token in tokens:
-            for quoted in {json.dumps(token), json.dumps(token, ensure_ascii=False)}:
-                out = out.replace(quoted, json.dumps(redact_value(token)))
+        swaps = [(token, redact_value(token)) for token in tokens] + list(urls.items())
+        for old, new in swaps:
+            for quoted in {json.dumps(old), json.dumps(old, ensure_ascii=False)}:
+                out = out.replace(quoted, json.dumps(new, ensure_ascii=False))
         again = _tokens_in(out)
-        if again is not None and not again[1]:
+        if again is not None and not again[1] and not _secret_urls(again[0], {}):
             return out
-    return json.dumps(_redact_tokens(body), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(_redact_urls(_redact_tokens(body)), ensure_ascii=False, separators=(",", ":"))
 
 
 _SECRET_PARAMS = ("key", "token", "secret", "passw", "auth", "signature", "credential", "session")
@@ -154,9 +269,9 @@ def minimal_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """What the journal keeps of the headers of a request that did not carry the gateway key:
     the few that explain the refusal, each clipped (secrets are redacted later, as always)."""
     return {
-        name: value if name.lower() in SECRET_HEADERS else value[:MINIMAL_VALUE_CHARS]
+        name: value if credential_header(name) else value[:MINIMAL_VALUE_CHARS]
         for name, value in headers.items()
-        if name.lower() in _REFUSED_KEEP
+        if name.lower() in _REFUSED_KEEP or credential_header(name)
     }
 
 
@@ -190,5 +305,5 @@ def redacted(event: Event) -> Event:
     if isinstance(event, Upstream) and event.headers:
         return replace(event, headers=redact_headers(event.headers))
     if isinstance(event, Validated) and event.summary:
-        return replace(event, summary=_redact_tokens(event.summary))
+        return replace(event, summary=_redact_urls(_redact_tokens(event.summary)))
     return event

@@ -5,7 +5,10 @@ row and its summary row go in one transaction, never part of one. Deletion runs 
 transactions (each sized to take about `TRANSACTION_S`, from the time the ones before took) so
 that a gateway writing the same file waits at most one of them. A request that has not
 completed and arrived less than `INFLIGHT_GRACE_S` ago is never deleted: it may still be in
-flight, and deleting it would leave the rest of its events without their start.
+flight, and deleting it would leave the rest of its events without their start. In a file
+that ships to a fleet journal (`journal.pg.outbox`), a request that has completed but not
+shipped yet is never deleted either: the prune says how many it kept (a log line, and
+`unshipped_kept`), and a later one deletes them once they have shipped.
 
 Size is the space the data occupies, `(page_count - freelist_count) * page_size`: pages freed
 by a deletion stay in the file and are reused by later writes (a gateway pruning as it writes
@@ -20,6 +23,7 @@ Used by `smg journal prune` and, periodically, by the gateway's journal writer
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 import orjson
 
 from journal import packed, schema, search
+
+log = logging.getLogger(__name__)
 
 INFLIGHT_GRACE_S = 3600.0
 TRANSACTION_S = 0.25
@@ -63,6 +69,9 @@ class PruneResult:
     events_deleted: int
     bytes_before: int
     bytes_after: int
+    unshipped_kept: int = 0
+    """Requests old enough (or, by size, in the way) to delete, kept because they have not shipped
+    to the fleet journal yet (`journal.pg.outbox`): a later prune deletes them once they have."""
 
 
 def parse_age(text: str) -> float:
@@ -131,6 +140,8 @@ def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, p
     order it was written; the keys travel as one JSON array (no limit on how many)."""
     sql = "SELECT rk FROM requests WHERE (completed = 1 OR ts IS NULL OR ts < ?)"
     params: list[object] = [protect_after]
+    if _ships(conn):
+        sql += f" AND rk NOT IN (SELECT rk FROM {_SINK_QUEUE})"
     if before is not None:
         sql += " AND (ts IS NULL OR ts < ?)"
         params.append(before)
@@ -156,6 +167,25 @@ def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, p
         conn.execute("ROLLBACK")
         raise
     return len(keys), int(events)
+
+
+_SINK_QUEUE = "sink_queue"  # journal.pg.outbox.TABLE: requests completed and not yet shipped
+
+
+def _ships(conn: sqlite3.Connection) -> bool:
+    """Whether the file ships to a fleet journal (`journal.pg.outbox`)."""
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_SINK_QUEUE,))
+    return found.fetchone() is not None
+
+
+def _unshipped_due(conn: sqlite3.Connection, before: float | None) -> int:
+    """Unshipped requests that retention would have deleted (arrived before `before`; any, when None)."""
+    if not _ships(conn):
+        return 0
+    if before is None:
+        return int(conn.execute(f"SELECT count(*) FROM {_SINK_QUEUE}").fetchone()[0])
+    sql = f"SELECT count(*) FROM {_SINK_QUEUE} q JOIN requests r ON r.rk = q.rk WHERE r.ts < ?"
+    return int(conn.execute(sql, (before,)).fetchone()[0])
 
 
 class _Pace:
@@ -220,7 +250,7 @@ def prune_connection(
     now = time.time() if now is None else now
     protect_after = now - INFLIGHT_GRACE_S
     before = used_bytes(conn)
-    requests = events = 0
+    requests = events = kept = 0
     pace = _Pace(conn)
     restore = _tune(conn)
     try:
@@ -232,6 +262,7 @@ def prune_connection(
                     break
                 requests += done
                 events += held
+            kept = _unshipped_due(conn, cutoff)
         if max_bytes is not None:
             size = used_bytes(conn)
             # Counted once: counting every round is a scan of the table per transaction.
@@ -248,6 +279,8 @@ def prune_connection(
                 events += held
                 count -= done
                 size = used_bytes(conn)
+            if size > max_bytes:
+                kept = max(kept, _unshipped_due(conn, None))
         if shrink and conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
             # In steps: one long vacuum transaction would hold up the gateway's writer.
             free = conn.execute("PRAGMA freelist_count").fetchone()[0]
@@ -258,7 +291,13 @@ def prune_connection(
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
     finally:
         restore()
-    return PruneResult(requests, events, before, used_bytes(conn))
+    if kept:
+        log.warning(
+            "journal: retention kept %d requests that have not shipped to the fleet journal yet;"
+            " they are deleted once shipped",
+            kept,
+        )
+    return PruneResult(requests, events, before, used_bytes(conn), kept)
 
 
 def prune(

@@ -34,14 +34,17 @@ Durability contract (WAL, `synchronous=NORMAL`):
 * `flush()` returns once everything appended before it is committed; `close()` drains the
   queue and commits before closing.
 
-When commits fail (a full disk, a lock held past `busy_timeout_ms`, an I/O error) serving
-goes on: the prepared batch is held and retried every `retry_interval_s` with what queued up
-meanwhile; at most `max_held` events are held in all, queued or prepared (the oldest batches
-beyond that are given up) and, while failing, a full queue drops new events instead of blocking `append`.
+When commits fail (a full disk, a lock held past `busy_timeout_ms`, an I/O error) or one
+waits on a lock for over a second, serving goes on: the prepared batch is held and retried
+every `retry_interval_s` with what queued up meanwhile, and a full queue moves its events to a
+backlog behind it instead of blocking `append`. Events are dropped only once `max_held` are
+held in all (queued, backlog, prepared: new events then, or the oldest batches beyond it).
 `problem` says why commits fail (None once one succeeds again; `/readiness` reports it), one
-log line marks the start of an incident and one its end, and `stats` counts what was written,
-held and dropped. An event that cannot be serialized, or a row SQLite refuses, is dropped
-alone; text UTF-8 cannot hold (lone surrogates) is stored escaped.
+log line marks the start of an incident (its first failed commit or its first drop) and one its
+end with the count dropped during it, counted at the same moment as `stats`' `events_dropped`
+(which also counts events that cannot be stored at all). An event that cannot be serialized,
+or a row SQLite refuses, is dropped alone; text UTF-8 cannot hold (lone surrogates) is stored
+escaped.
 
 Events are treated as immutable once appended: they are serialized later, by the writer
 thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import functools
 import json
 import logging
@@ -67,7 +71,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from journal import packed, schema, search, summary
+from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event
@@ -212,16 +216,21 @@ class JournalWriter:
         retry_interval_s: float = 1.0,
         busy_timeout_ms: int = 5000,
         commit_interval_s: float = 0.01,
+        recover: bool = False,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
-        both None) keeps everything. `max_held`: the events kept in memory while commits fail,
-        the queue's included (at least twice `queue_size`). While commits fail, they are retried every
+        both None) keeps everything. `max_held`: the events kept in memory while commits fail
+        or stall, the queue's included (the queue is at most half of it: a small `max_held`
+        shrinks `queue_size`). While commits fail, they are retried every
         `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
         starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
-        larger transactions and longer packed runs, for that much more commit window."""
-        if max_batch < 1 or queue_size < 1:
-            raise ValueError("queue_size and max_batch must be positive")
+        larger transactions and longer packed runs, for that much more commit window.
+        `recover`: at start, close the requests a stopped writer left in flight as
+        `interrupted` (`journal.recovery`; one process of those sharing a file does it)."""
+        if max_batch < 1 or queue_size < 1 or max_held < 2:
+            raise ValueError("queue_size and max_batch must be positive, max_held at least 2")
+        queue_size = min(queue_size, max_held // 2)
         if commit_interval_s < 0:
             raise ValueError("commit_interval_s cannot be negative")
         self._commit_interval = commit_interval_s
@@ -242,6 +251,8 @@ class JournalWriter:
         self._thread: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._recover = recover
+        self._registration: recovery.Registration | None = None
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._summaries: dict[str, dict[str, Any]] = {}
@@ -254,12 +265,19 @@ class JournalWriter:
         self._pending: list[tuple[_Rows, _Params, _Texts]] = []
         self._pending_events = 0
         self._max_pending = max(max_held - queue_size, queue_size)
+        # Appended events moved out of a full queue while a commit stalls or fails, oldest
+        # first and older than everything still queued: the rest of the held buffer, so that
+        # nothing is dropped before `max_held` events are held in all.
+        self._backlog: collections.deque[Any] = collections.deque()
+        self._writing = 0  # events taken for the batch in the writer thread, not yet prepared
+        self._given_up = 0  # oldest held batches the writer thread gave up, not counted yet
         self._problem: str | None = None
-        self._incident_since = 0.0
+        self._incident_since: float | None = None
         self._incident_dropped = 0
         self._commit_started: float | None = None
         self._events_written = 0
         self._events_dropped = 0
+        self._events_refused = 0  # by the writer thread: events that cannot be serialized or stored
         self._batches = 0
         self._batches_failed = 0
         self._max_batch_seen = 0
@@ -284,8 +302,30 @@ class JournalWriter:
             self._thread = None
             raise
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.path}")
+        await self._close_orphans()
         if self._retention is not None:
             self._retention_task = asyncio.create_task(self._retain(), name=f"journal-retention:{self.path}")
+
+    async def _close_orphans(self) -> None:
+        """Register as a live writer; with `recover`, close what dead writers left in flight."""
+        try:
+            self._registration = await self._in_thread(recovery.Registration, self.path)
+            if not self._recover:
+                return
+            before = await self._in_thread(self._registration.earliest_live_start)
+            orphans = await self._in_thread(recovery.orphans, self._conn, before)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("journal: cannot look for requests a stopped gateway left in flight (%s)", exc)
+            return
+        for request_id, seq, events in orphans:
+            for offset, event in enumerate(events):
+                await self.append(request_id, seq + offset, event)
+        if orphans:
+            log.warning(
+                "journal: %d requests a stopped gateway left in flight are closed as %s",
+                len(orphans),
+                recovery.INTERRUPTED,
+            )
 
     async def append(self, request_id: str, seq: int, event: Event) -> None:
         """Queue one event, its secrets redacted. Waits only when the queue is full and the
@@ -305,11 +345,10 @@ class JournalWriter:
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
-            if self._stalled():
-                self._events_dropped += 1
-                self._incident_dropped += 1
-                return
-            await self._queue.put(item)
+            if not self._stalled():
+                await self._queue.put(item)
+            elif not self._hold(item):
+                self._dropped(1)
 
     def offer(self, request_id: str, seq: int, event: Event) -> bool:
         """`append` without the coroutine, for the per-token path: False only when the event
@@ -329,13 +368,46 @@ class JournalWriter:
         except asyncio.QueueFull:
             if not self._stalled():
                 return False
-            self._events_dropped += 1
-            self._incident_dropped += 1
+            if not self._hold(item):
+                self._dropped(1)
         return True
 
     def _stalled(self) -> bool:
         started = self._commit_started
         return self._problem is not None or (started is not None and time.monotonic() - started > _STALL_S)
+
+    def _hold(self, item: Any) -> bool:
+        """Queue `item` behind what the full queue holds by moving the queue's contents to the
+        backlog, as far as the held buffer has room; False when it is full (then drop)."""
+        self._relieve()
+        if self._queue.full():
+            return False
+        self._queue.put_nowait(item)
+        return True
+
+    async def _committing(self, events: list[tuple[str, int, Event]]) -> None:
+        """`_write` in the writer thread. While it waits on a lock, the appends blocked on a
+        full queue are let through every `_STALL_S` by moving the queue to the backlog."""
+        assert self._thread is not None
+        commit = asyncio.get_running_loop().run_in_executor(self._thread, self._write, events)
+        while not (await asyncio.wait({commit}, timeout=_STALL_S))[0]:
+            self._relieve()
+        commit.result()
+
+    def _relieve(self) -> None:
+        queue, backlog = self._queue, self._backlog
+        room = self._max_pending - self._pending_events - self._writing - len(backlog)
+        for _ in range(max(min(room, queue.qsize()), 0)):
+            backlog.append(queue.get_nowait())
+
+    def _dropped(self, count: int) -> None:
+        """Count events given up for lack of room, in the metric and in the incident's log
+        line together: an incident starts (and is logged) with its first drop if no failed
+        commit has started it already (a commit stalled on a lock, not failed yet)."""
+        if self._incident_since is None:
+            self._begin_incident(f"a commit has waited over {_STALL_S:.0f}s for the file")
+        self._events_dropped += count
+        self._incident_dropped += count
 
     async def flush(self) -> None:
         """Return once every event appended before this call is committed (or, while commits
@@ -374,6 +446,9 @@ class JournalWriter:
             if self._conn is not None:
                 await self._in_thread(self._conn.close)
                 self._conn = None
+            if self._registration is not None:
+                self._registration.close()
+                self._registration = None
             if self._thread is not None:
                 self._thread.shutdown(wait=False)
                 self._thread = None
@@ -392,9 +467,9 @@ class JournalWriter:
             "events_written": self._events_written,
             "batches": self._batches,
             "max_batch_seen": self._max_batch_seen,
-            "queue_depth": self._queue.qsize(),
+            "queue_depth": self._queue.qsize() + len(self._backlog),
             "pending_events": self._pending_events,
-            "events_dropped": self._events_dropped,
+            "events_dropped": self._events_dropped + self._events_refused,
             "batches_failed": self._batches_failed,
             "incidents": self._incidents,
             "failing": int(self._problem is not None),
@@ -444,17 +519,20 @@ class JournalWriter:
         while True:
             batch: list[Any] = []
             limit = self._max_batch
+            backlog = self._backlog
             if self._problem is not None:
                 # Failing: try again every retry interval with all that queued up meanwhile
-                # (the pending bound, not the batch size, limits what is held).
+                # (the held bound, not the batch size, limits what is held).
                 await asyncio.sleep(self._retry_interval)
-                limit = max(queue.qsize(), 1)
+                limit = max(min(len(backlog) + queue.qsize(), self._max_pending - self._pending_events), 1)
             else:
-                batch.append(await queue.get())
+                batch.append(backlog.popleft() if backlog else await queue.get())
                 wait = last_start + self._commit_interval - time.monotonic()
                 if wait > 0 and batch[0] is not _STOP:
                     await asyncio.sleep(wait)
             last_start = time.monotonic()
+            while backlog and len(batch) < limit:  # the backlog is older than the queue
+                batch.append(backlog.popleft())
             while len(batch) < limit:
                 try:
                     batch.append(queue.get_nowait())
@@ -471,17 +549,24 @@ class JournalWriter:
                     else:
                         events.append(item)
                 batch = []
-                while stopping and not queue.empty():  # the rest joins the final commit
+                while stopping and backlog:  # the rest joins the final commit
+                    batch.append(backlog.popleft())
+                while stopping and not queue.empty():
                     batch.append(queue.get_nowait())
             try:
                 if events or self._pending:
-                    await self._in_thread(self._write, events)
+                    self._writing = len(events)
+                    await self._committing(events)
             except Exception as exc:
                 self._failed(exc)
             else:
-                if self._problem is not None and not self._pending:
+                if self._incident_since is not None and not self._pending:
                     self._recovered()
             finally:
+                self._writing = 0
+                if self._given_up:  # counted here, on the loop, with the incident's count
+                    given_up, self._given_up = self._given_up, 0
+                    self._dropped(given_up)
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
@@ -494,27 +579,34 @@ class JournalWriter:
         self._batches_failed += 1
         if self._problem is None:
             self._problem = f"{type(exc).__name__}: {exc}"
-            self._incidents += 1
-            self._incident_since = time.monotonic()
-            self._incident_dropped = 0
-            # One line per incident, not per batch: a full disk fails every attempt.
-            log.error(
-                "journal: cannot commit to %s (%s); serving continues, up to %d events are held in memory"
-                " and retried every %.1fs, events beyond that are dropped",
-                self.path,
-                self._problem,
-                self._max_pending + self._queue.maxsize,
-                self._retry_interval,
-            )
+            if self._incident_since is None:
+                self._begin_incident(self._problem)
+
+    def _begin_incident(self, why: str) -> None:
+        self._incidents += 1
+        self._incident_since = time.monotonic()
+        self._incident_dropped = 0
+        # One line per incident, not per batch: a full disk fails every attempt.
+        log.error(
+            "journal: cannot commit to %s (%s); serving continues, up to %d events are held in memory"
+            " and retried every %.1fs, events beyond that are dropped",
+            self.path,
+            why,
+            self._max_pending + self._queue.maxsize,
+            self._retry_interval,
+        )
 
     def _recovered(self) -> None:
+        since = self._incident_since
+        assert since is not None
         log.warning(
             "journal: commits to %s resumed after %.1fs; %d events were dropped during the incident",
             self.path,
-            time.monotonic() - self._incident_since,
+            time.monotonic() - since,
             self._incident_dropped,
         )
         self._problem = None
+        self._incident_since = None
 
     def _write(self, events: list[tuple[str, int, Event]]) -> None:
         """One batch, in the writer thread: prepare it, then commit it with whatever earlier
@@ -524,6 +616,7 @@ class JournalWriter:
             self._pending.append(prepared)
             self._pending_events += _event_count(prepared[0])
             self._bound_pending()
+        self._writing = 0
         if not self._pending:
             return
         rows = [row for batch_rows, _, _ in self._pending for row in batch_rows]
@@ -559,8 +652,7 @@ class JournalWriter:
             rows, _, _ = self._pending.pop(0)
             count = _event_count(rows)
             self._pending_events -= count
-            self._events_dropped += count
-            self._incident_dropped += count
+            self._given_up += count
 
     def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params, _Texts] | None:
         """Capture, serialize and fold each event; an event that cannot be is dropped alone.
@@ -585,7 +677,7 @@ class JournalWriter:
                     row = {"bodies": body_filter.mode}
                 summary.apply(row, request_id, event)
             except Exception:
-                self._events_dropped += 1
+                self._events_refused += 1
                 log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)
                 continue
             self._summaries[request_id] = row
@@ -645,7 +737,7 @@ class JournalWriter:
                 try:
                     rows.append((request_id, seq, event.kind, float(event.t), encode(event).decode(), 1))
                 except Exception:
-                    self._events_dropped += 1
+                    self._events_refused += 1
                     log.exception("journal: cannot serialize %s event of %s", event.kind, request_id)
             else:
                 part.append((seq, event))
@@ -746,7 +838,7 @@ class JournalWriter:
                 conn.execute(_INSERT_EVENT, (key, *row[1:5]))
                 kept.append(row)
             except _ROW_ERRORS as exc:
-                self._events_dropped += row[5]
+                self._events_refused += row[5]
                 log.error("journal: event %s #%s dropped: %s", row[0], row[1], exc)
         return kept
 

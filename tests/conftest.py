@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from journal.events import Event
+from journal.events import Completed, Error, Event
 from journal.reader import JournalNotFound, JournalReader
 from tools.spawn import Spawned, spawn_gateway, spawn_worker
 
@@ -55,6 +55,18 @@ def wait_for_events(journal: Path, request_id: str, timeout: float = 10.0) -> li
         if time.monotonic() > deadline:
             raise AssertionError(f"request {request_id} not complete in the journal: {[e.kind for e in events]}")
         time.sleep(0.05)
+
+
+def journaled_failure(journal: Path, request_id: str, status: int, code: str, *, answered: int | None = None) -> Error:
+    """The request's one `error` event, checked to say `status` and `code`; its `completed` says
+    the status the client got (`answered`: 200 for a stream that had started; default `status`)."""
+    events = wait_for_events(journal, request_id)
+    errors = [e for e in events if isinstance(e, Error)]
+    assert len(errors) == 1, [e.kind for e in events]
+    assert (errors[0].status, errors[0].code) == (status, code), errors[0]
+    completed = events[-1]
+    assert isinstance(completed, Completed) and completed.status == (answered or status), completed
+    return errors[0]
 
 
 @pytest.fixture(scope="session")

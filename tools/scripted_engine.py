@@ -27,7 +27,9 @@ chunk, default 1); `finish_reason` and `matched_stop` (int or str) override what
 would report; `prompt_tokens` (default the prompt's length), `cached_tokens`; `delay_ms`
 between chunks; `hold_after` (after that many tokens, wait for `Release`); `error`
 `{"code": "INVALID_ARGUMENT", "message": str, "after_tokens": int}` fails the RPC with that
-status once that many tokens were sent. Without `text` and `token_ids` the text is the default
+status once that many tokens were sent; `exit_after` (a token count) ends the engine process at
+once when that many were sent (after a `hold_after` pause, if both are given), as a crashed engine
+ends: its streams break mid-answer. Without `text` and `token_ids` the text is the default
 one, "Hello! I am the scripted engine, answering over gRPC."
 
 Two keys make a queued script a rule rather than a one-off, for clients (agents) that send side
@@ -95,6 +97,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -103,7 +106,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -181,6 +184,7 @@ _SCRIPT_KEYS = frozenset(
         "delay_ms",
         "hold_after",
         "error",
+        "exit_after",
         "when_prompt_contains",
         "repeat",
     )
@@ -211,6 +215,7 @@ class Script:
     delay: float = 0.0
     hold_after: int | None = None
     error: ScriptedFailure | None = None
+    exit_after: int | None = None
     when_prompt_contains: str | None = None
     repeat: bool = False
 
@@ -264,9 +269,17 @@ class Script:
             delay=float(delay) / 1000.0,
             hold_after=_optional_count(raw, "hold_after"),
             error=_failure(raw.get("error")),
+            exit_after=_optional_count(raw, "exit_after"),
             when_prompt_contains=when,
             repeat=repeat,
         )
+
+
+def exit_now(why: str) -> NoReturn:
+    """The engine process ends at once, as a crashed engine does: no answer, no goodbye, its
+    connections cut mid-stream."""
+    print(f"scripted engine exits: {why}", flush=True)
+    os._exit(3)
 
 
 def _is_count(value: Any) -> bool:
@@ -1173,6 +1186,8 @@ class Engine:
             if script.hold_after is not None and not held and sent >= script.hold_after:
                 held = True
                 await self._pause(stream, self.released, None, context)
+            if script.exit_after is not None and sent >= script.exit_after:
+                exit_now(f"the script exits after {sent} tokens")
             if script.error is not None and sent >= script.error.after_tokens:
                 await context.abort(script.error.code, script.error.message)
             if index and script.delay:
@@ -1199,6 +1214,8 @@ class Engine:
             yield wire.chunk(rid, visible, plan.prompt_tokens, count, plan.cached_tokens)
         if script.hold_after is not None and not held and sent >= script.hold_after:
             await self._pause(stream, self.released, None, context)
+        if script.exit_after is not None:
+            exit_now(f"the script exits after {sent} tokens")
         if script.error is not None:
             await context.abort(script.error.code, script.error.message)
         if stream.aborted.is_set():

@@ -16,8 +16,13 @@ Tests steer it with the scripted gRPC engine's control service (`tools.engine_co
 name, and `fields`, the array's length), `Aborts`, `Release`, `Reset`, and `Die` (send
 `ENGINE_CORE_DEAD` and exit). Scripts are the gRPC engine's (`text`/`token_ids`, `eos`,
 `chunk_size`, `delay_ms`, `hold_after`, `when_prompt_contains`, `repeat`); `error` means the
-engine dies once `after_tokens` tokens were sent. When the script's tokens run out before any
-stop, the generation ends as `length` (a real engine would go on to `max_tokens`).
+engine dies once `after_tokens` tokens were sent (`ENGINE_CORE_DEAD`, then exit); `exit_after`
+that the process ends at once after that many tokens, without a word (its sockets vanish);
+`finish_reason` (`stop`, `length`, `abort`, `error`) what the last output says. `error` is how
+vLLM fails a request it cannot run: as EngineCore, this engine fails that way a request whose
+`structured_outputs` names no `_backend` (EngineCore builds no backend of its own; vLLM's
+frontend always names one). When the script's tokens run out before any stop, the generation
+ends as `length` (a real engine would go on to `max_tokens`).
 
 With ``--runtime tokenspeed`` it speaks TokenSpeed's messages on the same transport instead: a
 tagged `TokenizedGenerateReqInput` in (recorded with its fields by name, the nested sampling
@@ -52,7 +57,7 @@ import zmq
 import zmq.asyncio
 
 from smg.backends.zmq.addresses import zmq_addresses
-from tools.scripted_engine import CONTROL_SERVICE, DEFAULT_TEXT, Script, ScriptError
+from tools.scripted_engine import CONTROL_SERVICE, DEFAULT_TEXT, Script, ScriptError, exit_now
 
 READY_LINE = "scripted zmq engine ready"
 REGISTERED_LINE = "scripted zmq engine registered"
@@ -84,6 +89,7 @@ TOKENSPEED_FIELDS = (
     "stream",
 )
 STOP, LENGTH = 0, 1
+FINISH_CODES = {"stop": STOP, "length": LENGTH, "abort": 2, "error": 3}  # vLLM's FinishReason
 
 
 def _pack(value: Any) -> bytes:
@@ -258,6 +264,11 @@ class ZmqEngine:
         if any(t < 0 or t >= self.vocab_size for t in prompt):
             await self.die("a prompt token id is out of vocabulary")
             return
+        structured = params.get("structured_outputs")
+        if isinstance(structured, dict) and not structured.get("_backend"):
+            print(f"scripted zmq engine: Unsupported structured output backend: None ({request_id})", flush=True)
+            await self.send([[request_id, [], None, None, None, FINISH_CODES["error"]]])
+            return
         script = self.take_script(prompt)
         self.prompts[request_id] = len(prompt)
         running = self.running[request_id] = _Running()
@@ -288,6 +299,8 @@ class ZmqEngine:
             if script.hold_after is not None and not held and sent >= script.hold_after:
                 held = True
                 await self._pause(running, self.released, None)
+            if script.exit_after is not None and sent >= script.exit_after:
+                exit_now(f"the script exits after {sent} tokens")
             if script.error is not None and sent >= script.error.after_tokens:
                 await self.die(script.error.message)
                 return
@@ -315,12 +328,19 @@ class ZmqEngine:
             if finish is None:
                 await self.send([[request_id, group]])
                 continue
-            output: list[Any] = [request_id, group, None, None, None, finish]
+            output: list[Any] = [request_id, group, None, None, None, self.finish_code(script, finish)]
             if stop_reason is not None:
                 output.append(stop_reason)
             await self.send([output])
             return
-        await self.send([[request_id, [], None, None, None, LENGTH]])
+        if script.exit_after is not None:
+            exit_now(f"the script exits after {sent} tokens")
+        await self.send([[request_id, [], None, None, None, self.finish_code(script, LENGTH)]])
+
+    @staticmethod
+    def finish_code(script: Script, finish: int) -> int:
+        """The `FinishReason` the request ends with: the script's, when it names one."""
+        return FINISH_CODES[script.finish_reason] if script.finish_reason in FINISH_CODES else finish
 
     @staticmethod
     async def _pause(running: _Running, until: asyncio.Event | None, seconds: float | None) -> None:

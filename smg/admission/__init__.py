@@ -42,13 +42,14 @@ class Gates:
         self.limiter = limiter
         self.budgets = budgets
 
-    def wrap(self, handler: Handler) -> Handler:
-        """`handler` inside the gates (concurrency outermost, then budgets)."""
+    def wrap(self, handler: Handler, generates: Callable[[str], bool]) -> Handler:
+        """`handler` inside the gates (concurrency outermost, then budgets). `generates`: which
+        backends the gateway generates answers for (`Router.generates`), the ones budgets charge."""
         layers = []
         if self.limiter is not None:
             layers.append(concurrency_layer(self.limiter))
         if self.budgets is not None:
-            layers.append(budget_layer(self.budgets))
+            layers.append(budget_layer(self.budgets, generates))
         for layer in reversed(layers):
             handler = layer(handler)
         return handler
@@ -73,13 +74,15 @@ def build_admission(
     concurrency: ConcurrencyConfig | None = None,
     rate_limit: RateLimitConfig | None = None,
     shared: SharedStateConfig | None = None,
+    tenant_secret: bytes | None = None,
 ) -> Gates:
-    """The gates from their settings. Raises ValueError for settings that cannot work."""
+    """The gates from their settings (`tenant_secret`: see `tenants.load_tenant_secret`).
+    Raises ValueError for settings that cannot work."""
     tenants = tenants or TenantConfig()
     concurrency = concurrency or ConcurrencyConfig()
     rate_limit = rate_limit or RateLimitConfig()
     shared = shared or SharedStateConfig()
-    keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants)
+    keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants, tenant_secret)
     concurrency.check()
     shared.check()
     policy = rate_limit.policy(trust_tenant_header=tenants.trust_header)

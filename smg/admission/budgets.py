@@ -2,11 +2,12 @@
 layer that reserves a request's prompt tokens before the engine is called and settles with the
 real usage when the response ends.
 
-As the reference gateway: only requests the gateway generates itself (gRPC workers) are
-charged; count_tokens, `max_tokens: 0` and relayed requests (HTTP workers, the Anthropic API)
-pass untouched. The reservation is the exact rendered prompt's token count (read from the
-connector's `rendered` event, which comes before the engine call) and one request, taken from
-the tenant's scope and its matching model rule; both must afford it, else 429
+As the reference gateway: only requests the gateway generates itself are charged (a connector
+whose `generates` is true: gRPC, ZMQ, gRPC PD and EPD workers); count_tokens, `max_tokens: 0`
+and relayed requests (HTTP workers, HTTP PD, the Anthropic API) pass untouched. The
+reservation is the exact rendered prompt's token count (read from the connector's `rendered`
+event, which comes before the engine call) and one request, taken from the tenant's scope and
+its matching model rule; both must afford it, else 429
 `tenant_rate_limit_exceeded` with `Retry-After` (left out when the request is larger than the
 scope ever holds). A response that finishes (its `message_delta` came) is settled: the
 budget is charged input + output − reserved more (possibly into debt). One that does not (an
@@ -34,8 +35,6 @@ from smg.shared.link import SharedStateConfig, is_redis_url, link
 
 Handler = Callable[[Call], AsyncGenerator[Event, None]]
 IN_MEMORY = "memory"
-# Connectors whose gateway generates the response (and so knows the prompt's tokens).
-_CHARGED_BACKENDS = frozenset({"grpc"})
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,11 @@ def _usage(payload: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
+def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable[[Handler], Handler]:
+    """The budget gate. `generates(backend)`: whether the connector a `routed` event names
+    generates the answer itself (`smg.backends.base.Connector.generates`): only those are
+    charged, since only they know the prompt's tokens before the engine is called."""
+
     def layer(inner: Handler) -> Handler:
         async def handle(call: Call) -> AsyncGenerator[Event, None]:
             if not _charged(call):
@@ -136,23 +139,25 @@ def budget_layer(budgets: Budgets) -> Callable[[Handler], Handler]:
                         yield event
                 return
             tenant = call.tenant or "anonymous"
-            backend: str | None = None
+            charged = False
             scopes: list[Scope] | None = None
             reserved = 0
             open_ = False  # reserved and not yet settled
             input_tokens: int | None = None
-            routed: Routed | None = None  # held back until the budget admits the request
+            routed: list[Routed] = []  # held back until the budget admits the request (PD: each leg's)
             async with aclosing(inner(call)) as events:
                 async for event in events:
-                    if isinstance(event, Routed) and scopes is None and event.backend in _CHARGED_BACKENDS:
-                        backend, routed = event.backend, event
+                    if isinstance(event, Routed) and scopes is None and generates(event.backend):
+                        charged = True
+                        routed.append(event)
                         continue
-                    if isinstance(event, Rendered) and scopes is None and backend in _CHARGED_BACKENDS:
+                    if isinstance(event, Rendered) and scopes is None and charged:
                         # The engine has not been called yet: the connector waits at this event.
                         decision, scopes = await budgets.reserve(tenant, call.model, event.prompt_tokens)
                         reserved = event.prompt_tokens
-                        if decision.allowed and routed is not None:
-                            yield routed
+                        if decision.allowed:
+                            for held in routed:
+                                yield held
                         yield event
                         yield Admission(
                             gate="tenant_rate_limit",

@@ -5,7 +5,10 @@ A request authenticates with `Authorization: Bearer <key>` (the scheme in any ca
 is never read: it belongs to the Anthropic API). Keys are compared by the SHA-256 of the
 presented token, looked up in a table, so no byte of a key leaks through timing. The tenant, as
 the reference gateway names it: a tenant key → `auth:<tenant_id>`; the shared key →
-`auth:<sha256 hex of the key>`; no auth configured → the trusted tenant header
+`auth:<HMAC-SHA256 hex of the key>`, keyed with the deployment's tenant secret
+(`load_tenant_secret`: a random file beside the journal, so names stay stable across restarts
+and processes, and a name is no offline oracle for a weak key the way a bare SHA-256 was);
+no auth configured → the trusted tenant header
 (`--trust-tenant-header`) as `header:<id>`, else `ip:<client address>`, else `anonymous`.
 
 Admin routes (`/workers`, `/v1/tokenizers`) take the shared key only; with only tenant keys
@@ -15,8 +18,12 @@ configured nothing opens them.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from smg.flags import option
 from smg.protocol.errors import ApiError
@@ -24,6 +31,52 @@ from smg.protocol.headers import bearer_token
 
 _CHALLENGE = 'Bearer realm="data-plane"'
 DEFAULT_TENANT_HEADER = "x-smg-tenant-id"
+TENANT_SECRET_FILE = "smg-tenant.key"
+# Replicas of a fleet keep journals of their own, so they share the secret through this instead:
+# each would otherwise make its own file and the shared key would be a different tenant on each
+# (three budgets in Redis, three names in the fleet journal).
+TENANT_SECRET_ENV = "SMG_TENANT_SECRET"
+
+
+def load_tenant_secret(journal: Path | None) -> bytes:
+    """The deployment's tenant secret: `smg-tenant.key` in the journal's directory (32 random
+    bytes, created mode 0600 by the first gateway to start, read by every later one and by the
+    other processes and gateways sharing that journal); without a journal, one per process.
+    `$SMG_TENANT_SECRET`, when set, is the secret instead (every replica of a fleet sets the same
+    one). Raises ValueError when the file cannot be made or read, or the variable is too short."""
+    configured = os.environ.get(TENANT_SECRET_ENV)
+    if configured is not None:
+        if len(configured.encode()) < 16:
+            raise ValueError(f"${TENANT_SECRET_ENV} is too short: give it at least 16 bytes (e.g. 32 random hex bytes)")
+        return configured.encode()
+    if journal is None:
+        return secrets.token_bytes(32)
+    path = Path(journal).resolve().parent / TENANT_SECRET_FILE
+    try:
+        if not path.exists():
+            draft = path.with_name(f".{TENANT_SECRET_FILE}.{os.getpid()}")
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(32))
+            finally:
+                os.close(fd)
+            try:
+                os.link(draft, path)  # atomic: a gateway starting beside this one keeps the first file
+            except FileExistsError:
+                pass
+            finally:
+                draft.unlink()
+        secret = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot keep the tenant secret {path}: {exc.strerror or exc}") from None
+    if len(secret) < 16:
+        raise ValueError(f"the tenant secret {path} is too short: remove it to have a new one made")
+    return secret
+
+
+def shared_tenant(api_key: str, secret: bytes) -> str:
+    """The tenant of the shared key: `auth:` and the key's HMAC-SHA256 under `secret`."""
+    return "auth:" + hmac.new(secret, api_key.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -85,13 +138,18 @@ class Caller:
 class Keys:
     """The gateway's keys, by SHA-256 digest."""
 
-    def __init__(self, api_key: str | None, tenant_keys: Mapping[str, str], config: TenantConfig) -> None:
+    def __init__(
+        self, api_key: str | None, tenant_keys: Mapping[str, str], config: TenantConfig, secret: bytes | None = None
+    ) -> None:
+        """`secret`: the tenant secret the shared key's tenant name is keyed with
+        (`load_tenant_secret`; None: one for this object alone)."""
         self._table: dict[bytes, Caller] = {}
         for key, tenant in tenant_keys.items():
             self._table[hashlib.sha256(key.encode()).digest()] = Caller("auth:" + tenant, shared=False)
         if api_key:
             digest = hashlib.sha256(api_key.encode()).digest()
-            self._table[digest] = Caller("auth:" + digest.hex(), shared=True)
+            tenant = shared_tenant(api_key, secret if secret is not None else secrets.token_bytes(32))
+            self._table[digest] = Caller(tenant, shared=True)
         self._config = config
 
     @property

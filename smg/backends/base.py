@@ -143,6 +143,11 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
 
 class Connector(Protocol):
     name: str  # the journal's backend name: "http", "grpc", "zmq", "anthropic"
+    # What the connector is: True when the gateway generates the answer itself (renders and
+    # tokenizes the prompt, drives an engine token by token: gRPC, ZMQ, gRPC PD/EPD), so it
+    # knows the prompt's tokens before the engine is called; False when it relays a worker's
+    # or an API's own answer. Budgets charge the first kind; metrics label it `grpc`.
+    generates: bool
 
     async def start(self) -> None: ...
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import enum
 import json
+import signal
 import sqlite3
+import sys
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any, NoReturn
 
 import orjson
@@ -194,6 +197,7 @@ def tail(
 ) -> None:
     """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
     _compile(query)  # a bad query fails before waiting for the file
+    _stop_on_ctrl_c()
     deadline = None if timeout is None else time.monotonic() + timeout
     err = Console(stderr=True)
     out = Console(highlight=False)
@@ -222,6 +226,15 @@ def tail(
                     return
     except KeyboardInterrupt:
         return
+
+
+def _stop_on_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) is how a tail with no `--max`/`--timeout` ends, so it must raise
+    KeyboardInterrupt even when this process inherited SIGINT ignored or blocked: a shell
+    starts its background jobs (`cmd &` in a script, many CI runners and test harnesses) with
+    SIGINT ignored, the ignore survives exec, and Python then never installs its handler."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _wait_for(path: str, deadline: float | None, err: Console) -> JournalReader | None:
@@ -304,7 +317,12 @@ def export(
     url: Annotated[
         str, typer.Option("--url", help="The gateway's base URL, for curl and HAR.")
     ] = exporting.DEFAULT_BASE_URL,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many requests (a query).")] = 10_000,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit", "-n", min=1, help="At most this many requests (a query; default: all).", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Print one request as a curl command, a JSON document or a HAR log; or the requests a
     query selects, oldest first, as HAR, JSON lines or OpenTelemetry spans."""
@@ -344,14 +362,36 @@ def export(
         _echo_json(exporting.as_har(events, response, url, creator_version=_version()))
 
 
-def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str, limit: int) -> None:
+_EXPORT_PAGE = 500  # requests read at a time: an export of any size holds one page
+
+
+def _selected(reader: JournalReader, query: str, limit: int | None) -> Iterator[dict[str, Any]]:
+    """The summary rows `query` selects, oldest first, a page at a time; at most `limit`, and a
+    line on stderr when the limit left some out."""
+    offset = 0
+    while True:
+        size = _EXPORT_PAGE if limit is None else min(_EXPORT_PAGE, limit - offset + 1)
+        rows = reader.list_requests(size, query=query, offset=offset, descending=False)
+        for row in rows:
+            if limit is not None and offset >= limit:
+                Console(stderr=True).print(
+                    f"[yellow]export stopped at --limit {limit}:[/] the query selects more requests"
+                )
+                return
+            offset += 1
+            yield row
+        if len(rows) < size:
+            return
+
+
+def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str, limit: int | None) -> None:
     try:
-        rows = reader.list_requests(limit, query=query, descending=False)
+        reader.compile(query)
     except QueryError as exc:
         _fail(f"{query!r} is neither a request id nor a good query: {exc}", code=2)
     known = set(event_kinds())
-    har: dict[str, Any] | None = None
-    for row in rows:
+    har_entries = 0  # HAR: one log, its entries written as they come
+    for row in _selected(reader, query, limit):
         raw = reader.raw_events(row["id"])
         if fmt is ExportFormat.otlp:
             typer.echo(orjson.dumps(otlp.spans(row, raw)).decode())
@@ -362,12 +402,18 @@ def _export_many(reader: JournalReader, query: str, fmt: ExportFormat, url: str,
             typer.echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
         elif any(isinstance(e, Received) for e in events):
             log = exporting.as_har(events, response, url, creator_version=_version())
-            if har is None:
-                har = log
-            else:
-                har["log"]["entries"].extend(log["log"]["entries"])
+            entries = log["log"].pop("entries")
+            if not har_entries:
+                head = orjson.dumps(log, default=str)
+                sys.stdout.write(head[:-2].decode() + ',"entries":[')
+            for entry in entries:
+                sys.stdout.write(("," if har_entries else "") + orjson.dumps(entry, default=str).decode())
+                har_entries += 1
     if fmt is ExportFormat.har:
-        _echo_json(har if har is not None else {"log": {"version": "1.2", "creator": {"name": "smg"}, "entries": []}})
+        if har_entries:
+            sys.stdout.write("]}}\n")
+        else:
+            _echo_json({"log": {"version": "1.2", "creator": {"name": "smg"}, "entries": []}})
 
 
 @journal_app.command("stats")

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from smg.admission import Gates
+from smg.backends.grpc.config import EngineConfig
 from smg.backends.http.client import TRANSPORTS
-from smg.config import GatewayConfig
+from smg.config import GatewayConfig, JournalBufferConfig
 from smg.fetch.config import FetchConfig
 from smg.observability.config import ObservabilityConfig
 from smg.pipeline.media import MediaConfig
@@ -115,10 +116,12 @@ def build_config(
     journal_bodies: str = "full",
     observability: ObservabilityConfig | None = None,
     zmq_engine_count: int = 1,
+    engine: EngineConfig | None = None,
     header_read_timeout_secs: float = 30.0,
     max_connections: int | None = None,
     fetch: FetchConfig | None = None,
     media: MediaConfig | None = None,
+    journal_buffer: JournalBufferConfig | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -233,6 +236,7 @@ def build_config(
         journal_path=journal_path,
         journal_bodies=journal_bodies,
         journal_retention=retention,
+        journal_buffer=journal_buffer or JournalBufferConfig(),
         max_payload_size=max_payload_size,
         router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
         upstream_transport=upstream_transport,
@@ -242,6 +246,7 @@ def build_config(
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
         observability=observability or ObservabilityConfig(),
+        engine=engine or EngineConfig(),
         zmq_engine_count=zmq_engine_count,
         fetch=fetch or FetchConfig(),
         media=media or MediaConfig(),
@@ -359,12 +364,33 @@ def warn_if_admin_is_open(config: GatewayConfig, admission: Gates | None) -> boo
     return True
 
 
+def check_journal(path: Path) -> None:
+    """Open the journal for writing once before serving (creating and migrating it, and taking
+    the write lock a moment), so that a location that cannot be written is one clear error
+    naming the file, not a traceback out of the server's start. Raises `LaunchError`."""
+    import sqlite3
+
+    from journal import schema
+
+    try:
+        conn = schema.connect(path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise LaunchError(f"cannot write the journal {path}: {exc} (another --journal, or --no-journal)") from None
+
+
 def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1) -> None:
     """Serve until interrupted: in this process (one journal writer, one event loop), or with
     `workers` > 1 in that many processes sharing one listening socket (see `_serve_forked`)."""
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
     warn_if_admin_is_open(config, admission)
+    if config.journal_path:
+        check_journal(config.journal_path)
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:
@@ -373,6 +399,8 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
 
 def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket | None, retention: bool) -> None:
     from journal.writer import JournalWriter, NullJournal
+    from smg import journal_sink
+    from smg.observability import metrics
     from smg.server.app import build_app
     from smg.server.connections import default_max_connections, guarded_protocol
 
@@ -382,22 +410,32 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             config.journal_path,
             bodies=config.journal_bodies,
             retention=config.journal_retention if retention else None,
+            max_held=config.journal_buffer.journal_max_held,
+            recover=retention,
         )
         if config.journal_path
         else NullJournal()
     )
     app = build_app(config, router, journal, static, admission=admission)
+    max_age_s = config.journal_retention[0] if config.journal_retention else None
+    shipper = journal_sink.start(config.journal_sink, config.journal_path, config.port, max_age_s)
+    if shipper is not None and metrics.current is not None:
+        metrics.current.state.sink = lambda: shipper.stats
     log.info("smg listening on http://%s:%d (journal: %s)", config.host, config.port, config.journal_path or "off")
     max_connections = config.max_connections or default_max_connections()
     where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": config.host, "port": config.port}
-    app.run(
-        **where,
-        protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
-        single_process=True,
-        access_log=False,
-        motd=False,
-        debug=False,
-    )
+    try:
+        app.run(
+            **where,
+            protocol=guarded_protocol(config.header_read_timeout_secs, max_connections),
+            single_process=True,
+            access_log=False,
+            motd=False,
+            debug=False,
+        )
+    finally:
+        if shipper is not None:
+            shipper.stop()
 
 
 def _serve_forked(config: GatewayConfig, admission: Gates | None, workers: int) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -12,12 +13,16 @@ import typer
 
 from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
 from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
+from smg.backends.grpc.config import EngineConfig
 from smg.cli.engine import engine_app
 from smg.cli.inspect import inspect_command
 from smg.cli.journal import journal_app
 from smg.cli.options import build_component, with_component_flags
 from smg.cli.replay import replay
+from smg.cli.sink import sink_app
+from smg.config import JournalBufferConfig
 from smg.fetch.config import FetchConfig
+from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
 from smg.pipeline.media import MediaConfig
 from smg.routing.breaker import BreakerConfig
@@ -33,6 +38,7 @@ app = typer.Typer(
 )
 app.add_typer(journal_app, name="journal")
 app.add_typer(engine_app, name="engine")
+app.add_typer(sink_app, name="journal-sink")
 app.command("replay")(replay)
 app.command("inspect")(inspect_command)
 
@@ -49,6 +55,7 @@ _MULTI_VALUE = (
 # The components: their flags are declared on their settings (`smg.flags.option`).
 _COMPONENTS = (
     RouterConfig,
+    EngineConfig,
     PolicyConfig,
     RetryConfig,
     BreakerConfig,
@@ -58,6 +65,8 @@ _COMPONENTS = (
     ObservabilityConfig,
     FetchConfig,
     MediaConfig,
+    SinkConfig,
+    JournalBufferConfig,
 )
 
 
@@ -235,13 +244,17 @@ def launch(
     try:
         try:
             router = router_config(flags)
+            from smg.admission.tenants import load_tenant_secret
+
             admission = build_admission(
                 api_key or None,
+                tenant_secret=load_tenant_secret(None if no_journal else journal) if api_key else None,
                 tenants=build_component(TenantConfig, flags),
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
                 shared=build_component(SharedStateConfig, flags),
             )
+            journal_buffer = build_component(JournalBufferConfig, flags)
             observability.check()
             fetch = build_component(FetchConfig, flags)
             fetch.policy()
@@ -275,16 +288,30 @@ def launch(
             mcp_config_path=mcp_config_path,
             chat_template=chat_template,
             tokenizer_autoload=not disable_tokenizer_autoload,
+            engine=build_component(EngineConfig, flags),
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             observability=observability,
             zmq_engine_count=zmq_engine_count,
             fetch=fetch,
             media=media,
+            journal_buffer=journal_buffer,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
+        from smg import journal_sink
+
+        sink = build_component(SinkConfig, flags)
+        try:
+            journal_sink.prepare(sink, config.journal_path)
+        except journal_sink.SinkError as exc:
+            raise LaunchError(str(exc)) from None
+        config = dataclasses.replace(config, journal_sink=sink)
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
-    run(config, admission, workers=workers)
+    try:
+        run(config, admission, workers=workers)
+    except LaunchError as exc:
+        typer.echo(f"smg launch: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -157,6 +157,8 @@ class StateCollector(Collector):
         # `smg.routing.workers.Worker`s: url, connection, role, models, healthy, removed, in_flight, breaker.
         self.workers: Callable[[], Iterable[Any]] = list
         self.journal: Callable[[], Mapping[str, int]] = dict
+        # `journal.pg.shipper.Shipper.stats` (`--journal-sink`): empty without a sink.
+        self.sink: Callable[[], Mapping[str, float]] = dict
 
     def describe(self) -> Iterable[Metric]:
         return []  # the families depend on what exists at scrape time
@@ -164,6 +166,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._workers()
         yield from self._journal()
+        yield from self._sink()
 
     def _workers(self) -> Iterator[Metric]:
         pool = GaugeMetricFamily(
@@ -237,6 +240,40 @@ class StateCollector(Collector):
                 "The slowest commit's latency",
                 value=stats.get("commit_us_max", 0) / 1e6,
             )
+
+    def _sink(self) -> Iterator[Metric]:
+        stats = self.sink()
+        if not stats:
+            return
+        gauges = {
+            "lag_seconds": (
+                "smg_journal_sink_lag_seconds",
+                "Age of the oldest completed request not yet shipped to the fleet journal (0 when none waits)",
+            ),
+            "unshipped": ("smg_journal_sink_unshipped_requests", "Completed requests waiting to ship"),
+            "shipping": ("smg_journal_sink_shipping", "1 while this process ships and the fleet journal answers"),
+            "past_retention": (
+                "smg_journal_sink_unshipped_past_retention",
+                "Unshipped requests older than --journal-retention, kept by retention until they ship",
+            ),
+        }
+        counters = {
+            "batches": ("smg_journal_sink_batches", "Batches (PostgreSQL transactions) shipped"),
+            "failures": ("smg_journal_sink_failures", "Shipping attempts that failed (outage, refusal)"),
+            "requests_shipped": ("smg_journal_sink_requests_shipped", "Requests inserted into the fleet journal"),
+            "events_shipped": ("smg_journal_sink_rows_shipped", "Event rows inserted into the fleet journal"),
+            "duplicates": (
+                "smg_journal_sink_duplicates",
+                "Requests sent again that the fleet journal already had (after a crash), inserted nothing",
+            ),
+            "refused": ("smg_journal_sink_refused", "Requests the fleet journal refused alone, left unshipped"),
+        }
+        for key, (name, doc) in gauges.items():
+            if key in stats:
+                yield GaugeMetricFamily(name, doc, value=stats[key])
+        for key, (name, doc) in counters.items():
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=stats[key])
 
 
 current: Metrics | None = None

@@ -102,14 +102,33 @@ def _kimik2_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, An
     }
 
 
-# Parsers whose native call format can be written as a structural tag, with its builder
-# (the chosen tools, whether a call is required → the tag).
-_TAG_BUILDERS: dict[str, Callable[[list[dict[str, Any]], bool], dict[str, Any]]] = {
+def _inkling_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
+    tags = [
+        {
+            "begin": '<|content_invoke_tool_json|>{"name":' + json.dumps(tool["function"]["name"]) + ',"args":',
+            "content": {"type": "json_schema", "json_schema": _schema(tool)},
+            "end": "}<|end_message|>",
+        }
+        for tool in tools
+    ]
+    return {
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<|content_invoke_tool_json|>"],
+            "tags": tags,
+            "at_least_one": at_least_one,
+        }
+    }
+
+
+# The parsers whose native call format can be written as a structural tag, and its builder.
+STRUCTURAL_TAGS: dict[str, Callable[[list[dict[str, Any]], bool], dict[str, Any]]] = {
     "mistral": _mistral_tag,
     "kimik2": _kimik2_tag,
+    "inkling": _inkling_tag,
     "kimi_k3": kimik3.structural_tag,
 }
-STRUCTURAL_TAG_PARSERS = frozenset(_TAG_BUILDERS)
+STRUCTURAL_TAG_PARSERS = frozenset(STRUCTURAL_TAGS)
 
 
 def tool_constraint(
@@ -125,7 +144,7 @@ def tool_constraint(
     chosen = [t for t in tools if t["function"]["name"] == forced_name] if choice == "tool" else tools
     if not chosen:
         return None
-    builder = _TAG_BUILDERS.get(configured_parser or "")
+    builder = STRUCTURAL_TAGS.get(configured_parser or "")
     if builder is not None:
         return "structural_tag", json.dumps(builder(chosen, True), separators=(",", ":"))
     if choice == "tool":

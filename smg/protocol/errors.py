@@ -60,6 +60,7 @@ class ApiError(Exception):
     minted: bool = True
     headers: dict[str, str] = field(default_factory=dict)
     error_type: str | None = None
+    detail: str | None = None  # for the journal's operators only (e.g. the engine's address), never the client
 
     def __post_init__(self) -> None:
         Exception.__init__(self, self.message)

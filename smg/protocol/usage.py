@@ -16,7 +16,7 @@ _MAX_PENDING = 1 << 16  # a frame longer than this carries no usage worth the me
 
 
 class UsageReader:
-    __slots__ = ("usage", "stop_reason", "_pending", "_final", "_generated")
+    __slots__ = ("usage", "stop_reason", "_pending", "_final", "_generated", "_prompt")
 
     def __init__(self) -> None:
         self.usage: dict[str, Any] = {}
@@ -24,6 +24,11 @@ class UsageReader:
         self._pending = ""
         self._final = False  # a message_delta (or a whole message) gave the final usage
         self._generated = 0
+        self._prompt = 0
+
+    def rendered(self, prompt_tokens: int) -> None:
+        """The rendered prompt's token count (gRPC/ZMQ `rendered` events), known before output."""
+        self._prompt = prompt_tokens
 
     def generated(self, completion_tokens: int) -> None:
         """The engine's running count of output tokens (gRPC `tokens` events)."""
@@ -32,10 +37,16 @@ class UsageReader:
     def final_usage(self) -> dict[str, Any]:
         """The usage to record: the response's own final usage when it got that far; for a
         stream cut before its `message_delta` (a client gone, a failure), what `message_start`
-        said with the output tokens the engine had produced by then."""
-        if self._final or not self._generated:
+        said (its counters are zero) with the rendered prompt's tokens and the output tokens the
+        engine had produced by then."""
+        if self._final or not (self._generated or self._prompt):
             return self.usage
-        return {**self.usage, "output_tokens": max(int(self.usage.get("output_tokens") or 0), self._generated)}
+        usage = dict(self.usage)
+        if self._prompt:
+            usage["input_tokens"] = max(int(usage.get("input_tokens") or 0), self._prompt)
+        if self._generated:
+            usage["output_tokens"] = max(int(usage.get("output_tokens") or 0), self._generated)
+        return usage
 
     def body(self, text: str) -> None:
         """A whole non-streaming message."""

@@ -60,6 +60,7 @@ class Dispatch:
         self,
         *,
         backend: str,
+        generates: bool = False,
         model: str,
         workers: Sequence[Worker],
         policy: Policy,
@@ -71,6 +72,7 @@ class Dispatch:
     ) -> None:
         self._empty = empty
         self._backend = backend
+        self._generates = generates
         self._endpoint = "messages" if endpoint == "messages" else "other"  # the reference's label
         self._model = model
         self._workers = workers
@@ -192,7 +194,8 @@ class Dispatch:
 
     @property
     def _backend_label(self) -> str:
-        return "grpc" if self._backend == "grpc" else "http"
+        # The reference's router types: its gRPC router generates, its HTTP router relays.
+        return "grpc" if self._generates else "http"
 
 
 class _PairLease(_Lease):

@@ -139,6 +139,7 @@ class Router:
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
         self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
@@ -210,6 +211,12 @@ class Router:
         return self.registry.add(worker)
 
     async def _discover(self, worker: Worker) -> None:
+        """A worker's first discovery (in a task of its own: requests for a model no worker
+        serves yet wait for the ones in flight)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._discovering[worker.id] = task
+            task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
         connector = self._connector_of(worker)
         if worker.external and not worker.wildcard:
             # A provider's API is up once registered. Its models: as given, else its own list
@@ -346,6 +353,11 @@ class Router:
                 )
         return None
 
+    def generates(self, backend: str) -> bool:
+        """Whether the connector a `routed` event names (its journal name) generates the answer
+        itself (`Connector.generates`) rather than relaying one."""
+        return any(c.generates for c in self._connectors.values() if c.name == backend)
+
     def connector(self, key: str) -> Connector | None:
         return self._connectors.get(key)
 
@@ -417,7 +429,7 @@ class Router:
         )
 
     def _dispatch(
-        self, key: str, backend: str, call: Call, workers: list[Worker], role: str | None = None
+        self, key: str, connector: Connector, call: Call, workers: list[Worker], role: str | None = None
     ) -> Dispatch:
         policy_name = {
             "prefill": self.config.prefill_policy,
@@ -428,7 +440,8 @@ class Router:
             role or "", no_available_workers
         )
         return Dispatch(
-            backend=backend,
+            backend=connector.name,
+            generates=connector.generates,
             model=call.model,
             workers=[w for w in workers if role is None or w.role == role],
             policy=self._policy(f"{key}:{role}" if role else key, policy_name),
@@ -440,17 +453,21 @@ class Router:
         )
 
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
+        if self._discovering and not self.registry.serving(call.model):
+            # A worker added moments ago may serve this model: its first discovery (tens of
+            # milliseconds) is waited for, within the request's deadline, rather than a 503.
+            await asyncio.wait(set(self._discovering.values()))
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
         if not disaggregated(key):
-            dispatch = self._dispatch(key, connector.name, call, workers)
+            dispatch = self._dispatch(key, connector, call, workers)
         elif call.endpoint == "count_tokens":
-            dispatch = self._dispatch(key, connector.name, call, workers, "prefill")
+            dispatch = self._dispatch(key, connector, call, workers, "prefill")
         else:
-            prefill = self._dispatch(key, connector.name, call, workers, "prefill")
-            decode = self._dispatch(key, connector.name, call, workers, "decode")
-            encode = self._dispatch(key, connector.name, call, workers, "encode") if key.startswith("epd-") else None
+            prefill = self._dispatch(key, connector, call, workers, "prefill")
+            decode = self._dispatch(key, connector, call, workers, "decode")
+            encode = self._dispatch(key, connector, call, workers, "encode") if key.startswith("epd-") else None
             dispatch = PairDispatch(prefill, decode, self.config.retry, encode)
         attempts = dispatch.attempts()
         try:

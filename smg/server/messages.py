@@ -14,7 +14,7 @@ import time
 from contextlib import aclosing
 from typing import Any
 
-from journal.events import Block, Completed, Error, Received, Rejected, Tokens, Upstream, Validated
+from journal.events import Block, Completed, Error, Received, Rejected, Rendered, Tokens, Upstream, Validated
 from journal.redact import MINIMAL_VALUE_CHARS, minimal_headers
 from smg.admission import Refused
 from smg.backends.base import Call, Endpoint
@@ -138,7 +138,8 @@ def _observer(request: Any, endpoint: Endpoint, received: Received) -> RequestOb
     trace = start_trace(request.method, request.path, request.ctx.headers, request.ctx.t0, received.request_id)
     if trace is None and metrics.current is None and logs.ACCESS.disabled:
         return None
-    return RequestObserver(request.method, request.path, endpoint, received.tenant, trace)
+    generates = request.app.ctx.gateway.router.generates
+    return RequestObserver(request.method, request.path, endpoint, received.tenant, trace, generates)
 
 
 async def serve(request: Any, endpoint: Endpoint) -> None:
@@ -256,6 +257,8 @@ def _observe(outcome: UsageReader, event: object) -> None:
         outcome.event(event.event)
     elif isinstance(event, Tokens):
         outcome.generated(event.completion_tokens if event.completion_tokens is not None else 0)
+    elif isinstance(event, Rendered):
+        outcome.rendered(event.prompt_tokens)
 
 
 def error_event(err: ApiError, stage: str = "admission") -> Error:
@@ -267,6 +270,7 @@ def error_event(err: ApiError, stage: str = "admission") -> Error:
         message=err.message,
         code=err.code,
         headers=err.response_headers(),
+        detail=err.detail,
     )
 
 

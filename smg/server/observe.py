@@ -8,6 +8,7 @@ and its `--log-json` access line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from journal.events import Block, Event, McpResult, Rendered, Routed, Tokens, Upstream
@@ -20,13 +21,9 @@ _NO_WORKERS = frozenset({"model_not_found", "no_available_workers", "no_healthy_
 _TIMEOUTS = frozenset({408, 504})
 # Answers of the admission layer that count as `smg_http_rate_limit_total{result="rejected"}`.
 RATE_LIMITED = frozenset({"admission_queue_full", "admission_queue_timeout", "tenant_rate_limit_exceeded"})
-# The reference's labels per connector: (router_type, backend_type).
-_ROUTER_LABELS = {
-    "grpc": ("grpc", "regular"),
-    "http": ("http", "regular"),
-    "http-pd": ("http", "pd"),
-    "anthropic": ("http", "external"),
-}
+# The reference's `backend_type` per connector; its `router_type` is what the connector is
+# (`Connector.generates`: `grpc`, the generating router, else `http`, the relaying one).
+_BACKEND_TYPES = {"http-pd": "pd", "grpc-pd": "pd", "anthropic": "external"}
 
 
 def error_type(status: int, code: str | None) -> str:
@@ -48,10 +45,20 @@ class RequestObserver:
     __slots__ = (
         "metrics", "trace", "path", "method", "endpoint", "tenant", "model", "stream", "validated", "routed",
         "routed_at", "rendered_at", "first_token", "last_token", "prompt_tokens", "first_output", "first_block",
-        "last_block", "last_event", "mcp",
+        "last_block", "last_event", "mcp", "generates",
     )  # fmt: skip
 
-    def __init__(self, method: str, path: str, endpoint: str, tenant: str | None, trace: RequestTrace | None) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        endpoint: str,
+        tenant: str | None,
+        trace: RequestTrace | None,
+        generates: Callable[[str], bool] = lambda backend: False,
+    ) -> None:
+        """`generates(backend)`: whether that connector generates answers (`Router.generates`)."""
+        self.generates = generates
         self.metrics: Metrics | None = metrics.current
         self.trace = trace
         self.method = method
@@ -150,7 +157,8 @@ class RequestObserver:
             return  # refused before it named a model: no router request (as the reference)
         routed = self.routed
         connector = routed.backend if routed is not None else None
-        router_type, backend_type = _ROUTER_LABELS.get(connector or "", ("http", "regular"))
+        router_type = "grpc" if connector is not None and self.generates(connector) else "http"
+        backend_type = _BACKEND_TYPES.get(connector or "", "regular")
         connection = "grpc" if router_type == "grpc" else "http"
         # A model no worker serves is `other`: clients must not be able to mint label values.
         model = "other" if code == "model_not_found" else self.model

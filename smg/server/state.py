@@ -25,4 +25,4 @@ class Gateway:
     handle: Callable[[Call], AsyncGenerator[Event, None]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.handle = self.admission.wrap(self.router.handle)
+        self.handle = self.admission.wrap(self.router.handle, self.router.generates)

@@ -4,6 +4,7 @@ in front of the scripted HTTP worker, and one with tenant keys only."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from journal.events import Received
+from smg.admission.tenants import TENANT_SECRET_FILE, shared_tenant
 from tests.admission.conftest import new_id
 from tests.conftest import MODEL, Scripted, wait_for_events
 from tools.spawn import Spawned, spawn_gateway
@@ -125,7 +127,74 @@ def test_the_tenant_is_journaled_on_every_request(keyed: tuple[Spawned, Path], s
     assert tenants == {
         "red": "auth:red",
         "blue": "auth:blue",
-        "shared": "auth:" + hashlib.sha256(SHARED.encode()).hexdigest(),
+        "shared": shared_tenant(SHARED, (journal.parent / TENANT_SECRET_FILE).read_bytes()),
         "nobody": "ip:127.0.0.1",
         "refused": "auth:red",
     }
+
+
+def test_the_shared_keys_tenant_is_a_keyed_hash_stable_across_restarts(
+    worker: Spawned, scripted: Scripted, tmp_path: Path
+) -> None:
+    """Not the bare SHA-256 of the key (an offline oracle for a weak key): an HMAC keyed with the
+    deployment's secret beside the journal, the same for every gateway started on it."""
+    journal = tmp_path / "journal.db"
+    tenants = []
+    for _ in range(2):  # a restart
+        proc = spawn_gateway([worker.url], journal=journal, extra=["--api-key", SHARED])
+        try:
+            rid = new_id()
+            httpx.post(
+                f"{proc.url}/v1/messages", json=BODY, headers={**bearer(SHARED), "x-request-id": rid}, timeout=30
+            )
+            received = wait_for_events(journal, rid)[0]
+            assert isinstance(received, Received)
+            tenants.append(received.tenant)
+        finally:
+            proc.stop()
+    secret = journal.parent / TENANT_SECRET_FILE
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    assert tenants[0] == tenants[1] == shared_tenant(SHARED, secret.read_bytes())
+    assert hashlib.sha256(SHARED.encode()).hexdigest() not in tenants[0]
+
+
+def test_replicas_with_their_own_journals_share_the_tenant_secret_from_the_environment(
+    worker: Spawned, scripted: Scripted, tmp_path: Path
+) -> None:
+    """A fleet's replicas each keep a journal of their own: with `$SMG_TENANT_SECRET` set alike the
+    shared key is one tenant on all of them (one budget, one name in the fleet journal), and no
+    secret file is made."""
+    fleet_secret = "f" * 32
+    tenants = []
+    for name in ("a", "b"):
+        journal = tmp_path / name / "journal.db"
+        journal.parent.mkdir()
+        proc = spawn_gateway(
+            [worker.url], journal=journal, extra=["--api-key", SHARED], env={"SMG_TENANT_SECRET": fleet_secret}
+        )
+        try:
+            rid = new_id()
+            httpx.post(
+                f"{proc.url}/v1/messages", json=BODY, headers={**bearer(SHARED), "x-request-id": rid}, timeout=30
+            )
+            received = wait_for_events(journal, rid)[0]
+            assert isinstance(received, Received)
+            tenants.append(received.tenant)
+        finally:
+            proc.stop()
+        assert not (journal.parent / TENANT_SECRET_FILE).exists()
+    assert tenants[0] == tenants[1] == shared_tenant(SHARED, fleet_secret.encode())
+
+
+def test_a_short_tenant_secret_in_the_environment_is_refused_at_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SMG_TENANT_SECRET": "short"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "smg", "launch", "--worker-urls", "http://127.0.0.1:9", "--api-key", SHARED,
+         "--journal", str(tmp_path / "j.db"), "--port", "0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "SMG_TENANT_SECRET is too short" in proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import re
 from pathlib import Path
 
@@ -134,11 +135,12 @@ def test_two_ledgers_on_one_file_share_the_buckets(tmp_path: Path) -> None:
 
 
 def test_keys_tenants_and_admin() -> None:
-    keys = Keys("shared", parse_tenant_keys(("red:r-key", "blue:b:key"), "shared"), TenantConfig())
+    keys = Keys("shared", parse_tenant_keys(("red:r-key", "blue:b:key"), "shared"), TenantConfig(), b"s" * 32)
     assert keys.caller({"authorization": "bearer r-key"}, "1.2.3.4").tenant == "auth:red"
     assert keys.caller({"authorization": "Bearer b:key"}, None).tenant == "auth:blue"
     assert (
-        keys.caller({"authorization": "Bearer shared"}, None).tenant == "auth:" + hashlib.sha256(b"shared").hexdigest()
+        keys.caller({"authorization": "Bearer shared"}, None).tenant
+        == "auth:" + hmac.new(b"s" * 32, b"shared", hashlib.sha256).hexdigest()
     )
     keys.admin({"authorization": "Bearer shared"})
     with pytest.raises(ApiError) as refused:

@@ -95,7 +95,7 @@ def test_prune_by_size_as_json(tmp_path: Path) -> None:
     result = runner.invoke(app, ["journal", "prune", "-j", str(path), "--max-size", "200KB", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    assert set(out) == {"requests_deleted", "events_deleted", "bytes_before", "bytes_after"}
+    assert set(out) == {"requests_deleted", "events_deleted", "bytes_before", "bytes_after", "unshipped_kept"}
     assert out["requests_deleted"] > 0 and out["bytes_after"] <= 200_000 < out["bytes_before"]
 
 

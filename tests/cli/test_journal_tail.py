@@ -30,9 +30,13 @@ BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content"
 class Tail:
     """`smg journal tail …` in a subprocess, its output lines collected as they come."""
 
-    def __init__(self, journal: Path, *args: str) -> None:
+    def __init__(self, journal: Path, *args: str, sigint_ignored: bool = False) -> None:
+        command = [sys.executable, "-m", "smg", "journal", "tail", "--journal", str(journal), "--interval", "0.05"]
+        command += args
+        if sigint_ignored:  # as a shell starts a background job (`cmd &` in a script, CI runners): exec keeps it
+            command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "smg", "journal", "tail", "--journal", str(journal), "--interval", "0.05", *args],
+            command,
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -76,8 +80,8 @@ def tails() -> Iterator[list[Tail]]:
         tail.stop()
 
 
-def start(tails: list[Tail], journal: Path, *args: str) -> Tail:
-    tail = Tail(journal, *args)
+def start(tails: list[Tail], journal: Path, *args: str, sigint_ignored: bool = False) -> Tail:
+    tail = Tail(journal, *args, sigint_ignored=sigint_ignored)
     tails.append(tail)
     tail.following()
     return tail
@@ -150,8 +154,13 @@ def test_tail_timeout_with_nothing_new(journal_path: Path, client: httpx.Client,
     assert tail.out.empty()
 
 
-def test_tail_stops_cleanly_on_ctrl_c(journal_path: Path, client: httpx.Client, tails: list[Tail]) -> None:
-    tail = start(tails, journal_path)
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "started-with-sigint-ignored"])
+def test_tail_stops_cleanly_on_ctrl_c(
+    journal_path: Path, client: httpx.Client, tails: list[Tail], sigint_ignored: bool
+) -> None:
+    # A suite run as a background job (a script's `make test &`, a CI runner) hands its
+    # children SIGINT ignored; Ctrl-C must stop the tail all the same.
+    tail = start(tails, journal_path, sigint_ignored=sigint_ignored)
     tail.proc.send_signal(signal.SIGINT)
     assert tail.wait() == 0
     time.sleep(0.1)  # let the reader threads drain stderr

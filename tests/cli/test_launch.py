@@ -117,3 +117,22 @@ def test_fetch_allow_takes_several_ranges_after_one_flag_or_repeated() -> None:
 def test_console_entry_point_shows_every_command() -> None:
     out = subprocess.run([sys.executable, "-m", "smg", "--help"], capture_output=True, text=True, check=True).stdout
     assert "launch" in out and "journal" in out
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_a_journal_that_cannot_be_written_is_one_line_naming_it_and_exit_2(tmp_path: Path, where: str) -> None:
+    # /proc takes no new files, even from root; a path under a regular file has no directory.
+    if where == "proc":
+        journal = Path("/proc/smg-journal-test.db")
+    else:
+        (tmp_path / "a-file").write_text("")
+        journal = tmp_path / "a-file" / "journal.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", "1", "--journal", str(journal),
+         "--worker-urls", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("smg launch:")]
+    assert len(errors) == 1 and str(journal) in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 3, done.stderr

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from journal.events import Rendered, Tokens
+from journal.events import Completed, Error, Rendered, Tokens
+from journal.reader import JournalReader
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.projection import reconstruct
 from tests.conftest import wait_for_events
@@ -413,6 +415,26 @@ def test_engine_error_mid_generation_without_stream_is_an_envelope(http: httpx.C
     assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "api_error"
 
 
+ADDRESSED = "failed to connect to 127.0.0.1:50051 via ipv4:10.1.2.3:7000 (grpc://engine-0.internal:30001)"
+
+
+@pytest.mark.parametrize("after_tokens", [0, 2])
+def test_an_engine_error_tells_the_client_no_worker_address(
+    http: httpx.Client, control: EngineControl, grpc_journal: Path, after_tokens: int
+) -> None:
+    control.script(
+        {"text": "partial answer", "error": {"code": "INTERNAL", "message": ADDRESSED, "after_tokens": after_tokens}}
+    )
+    reply = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 32, "messages": USER, "stream": True})
+    said = reply.text if after_tokens else reply.json()["error"]["message"]
+    assert "connect to" in said  # the engine's words stay
+    for address in ("127.0.0.1", "50051", "10.1.2.3", "engine-0.internal", "30001"):
+        assert address not in said, said
+    errors = [e for e in wait_for_events(grpc_journal, reply.headers["x-request-id"]) if isinstance(e, Error)]
+    assert errors and errors[-1].detail is not None and "127.0.0.1:50051" in errors[-1].detail  # for operators
+    assert "127.0.0.1" not in errors[-1].message
+
+
 def test_client_disconnect_aborts_the_engine_request(grpc_gateway: Spawned, control: EngineControl) -> None:
     control.script({"text": "a long answer that the client will not wait for", "hold_after": 2})
     body = {"model": MODEL, "max_tokens": 64, "messages": USER, "stream": True}
@@ -427,6 +449,34 @@ def test_client_disconnect_aborts_the_engine_request(grpc_gateway: Spawned, cont
         assert time.monotonic() < deadline, "the engine never saw the Abort"
         time.sleep(0.05)
     control.release()
+
+
+@pytest.mark.parametrize("cut", ["client-gone", "engine-failed"])
+def test_a_cut_stream_records_the_rendered_prompts_tokens(
+    grpc_gateway: Spawned, control: EngineControl, grpc_journal: Path, cut: str
+) -> None:
+    if cut == "client-gone":
+        control.script({"text": "a long answer that the client will not wait for", "hold_after": 2})
+    else:
+        control.script(
+            {"text": "partial answer that breaks", "error": {"code": "INTERNAL", "message": "oom", "after_tokens": 2}}
+        )
+    body = {"model": MODEL, "max_tokens": 64, "messages": USER, "stream": True}
+    with httpx.Client(base_url=grpc_gateway.url, timeout=10.0) as client:
+        with client.stream("POST", "/v1/messages", json=body) as reply:
+            request_id = reply.headers["x-request-id"]
+            for line in reply.iter_lines():
+                if line.startswith("event: content_block_delta"):
+                    break
+    events = wait_for_events(grpc_journal, request_id)
+    control.release()
+    [rendered] = [e for e in events if isinstance(e, Rendered)]
+    completed = events[-1]
+    assert isinstance(completed, Completed) and completed.usage is not None
+    assert rendered.prompt_tokens > 0 and completed.usage["input_tokens"] == rendered.prompt_tokens
+    with JournalReader(grpc_journal) as reader:
+        row = reader.get_request(request_id)
+    assert row is not None and row["input_tokens"] == rendered.prompt_tokens
 
 
 # --- the journal -------------------------------------------------------------------------

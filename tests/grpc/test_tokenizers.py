@@ -34,7 +34,8 @@ def private(tmp_path: Path) -> Iterator[tuple[Spawned, httpx.Client]]:
     engine = spawn_engine(
         "sglang", model_path=QWEN3, extra=["--served-model-name", MODEL, "--reported-model-path", "/nonexistent/qwen3"]
     )
-    gateway = spawn_gateway([engine.url], journal=tmp_path / "j.db")
+    # A request never waits for a loading tokenizer here: the tests see its states at once.
+    gateway = spawn_gateway([engine.url], journal=tmp_path / "j.db", extra=["--tokenizer-wait-secs", "0"])
     try:
         with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
             wait_ready(client)  # the gateway serves while the tokenizer autoloads
@@ -52,15 +53,16 @@ def wait_ready(client: httpx.Client) -> None:
 
 
 def test_the_gateway_serves_while_a_tokenizer_autoloads(tmp_path: Path) -> None:
-    """Discovery does not wait for the tokenizer fetched from the worker: until it is loaded,
-    its model's requests are 503 `tokenizer_not_ready` and the gateway is not ready."""
+    """Discovery does not wait for the tokenizer fetched from the worker: until it is loaded
+    (and past `--tokenizer-wait-secs`), its model's requests are 503 `tokenizer_not_ready` and
+    the gateway is not ready."""
     engine = spawn_engine(
         "sglang",
         model_path=QWEN3,
         extra=["--served-model-name", MODEL, "--reported-model-path", "/nonexistent/qwen3", "--hold-tokenizer"],
     )
     try:
-        with spawn_gateway([engine.url], journal=tmp_path / "j.db") as gateway:
+        with spawn_gateway([engine.url], journal=tmp_path / "j.db", extra=["--tokenizer-wait-secs", "0"]) as gateway:
             with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
                 refused = count(client)
                 assert refused.status_code == 503, refused.text
@@ -299,3 +301,29 @@ def test_the_admin_api_answers_in_the_references_shapes(private: tuple[Spawned, 
     assert again.json() == {"success": False, "message": f"Tokenizer '{listed['id']}' not found"}
     missing = client.get(f"/v1/tokenizers/{listed['id']}")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "tokenizer_not_found"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_request_right_after_post_workers_is_answered(tmp_path: Path, stream: bool) -> None:
+    """A worker added at run time is discovered and its tokenizer fetched and loaded while the
+    first request for its model waits: that request is answered, not 503."""
+    engine = spawn_engine(
+        "vllm", model_path=QWEN3, extra=["--served-model-name", MODEL, "--reported-model-path", "/nonexistent/qwen3"]
+    )
+    # XDG_CACHE_HOME: a cold start, no tokenizer bundle left by an earlier run.
+    gateway = spawn_gateway(
+        [], journal=tmp_path / "j.db", extra=["--enable-igw"], env={"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    )
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+            added = client.post("/workers", json={"url": engine.url})
+            assert added.status_code == 202, added.text
+            reply = client.post(
+                "/v1/messages", json={"model": MODEL, "max_tokens": 16, "messages": USER, "stream": stream}
+            )
+            assert reply.status_code == 200, reply.text
+            assert ("event: message_stop" in reply.text) if stream else reply.json()["content"][0]["text"]
+            assert count(client).status_code == 200
+    finally:
+        gateway.stop()
+        engine.stop()

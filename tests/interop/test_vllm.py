@@ -31,6 +31,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from smg.backends.grpc.engines import connect
 from smg.backends.grpc.engines.detect import detect_runtime
+from tests.interop.tool_choice import ask, check_answer
 from tools.spawn import REPO_ROOT, Spawned, free_port, spawn_gateway
 
 PYTHON_ENV = "SMG_VLLM_PYTHON"
@@ -300,3 +301,12 @@ def test_client_disconnect_mid_stream_leaves_the_next_request_unharmed(
     with sdk.messages.stream(model=MODEL, max_tokens=16, messages=USER, **SAMPLED) as stream:
         final = stream.get_final_message()
     assert final.stop_reason in ("max_tokens", "end_turn") and 0 < final.usage.output_tokens <= 16
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("choice", ["any", "tool", "none"])
+def test_tool_choice_is_answered_with_what_the_constraint_allows(
+    sdk: anthropic.Anthropic, engine: Spawned, choice: str, stream: bool
+) -> None:
+    check_answer(ask(sdk, MODEL, choice, stream), choice)
+    assert engine.proc.poll() is None

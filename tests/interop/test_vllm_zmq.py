@@ -26,6 +26,7 @@ import pytest
 from anthropic.types import MessageParam
 
 from smg.backends.zmq.addresses import zmq_addresses
+from tests.interop.tool_choice import ask, check_answer
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway
 
 PYTHON_ENV = "SMG_VLLM_PYTHON"
@@ -189,3 +190,38 @@ def test_client_disconnect_sends_an_abort_and_the_next_request_is_unharmed(
         assert line.endswith("the engine had finished it"), line
     message = sdk.messages.create(model=ALIAS, max_tokens=16, messages=USER, **SAMPLED)
     assert 0 < message.usage.output_tokens <= 16
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("choice", ["any", "tool", "none"])
+def test_tool_choice_is_answered_and_the_engine_lives_on(
+    sdk: anthropic.Anthropic, deployment: tuple[Spawned, Spawned], choice: str, stream: bool
+) -> None:
+    # EngineCore builds no structured-output backend of its own: the frontend names it in the
+    # request, as vLLM's own frontend does, or the engine fails the request (and used to die).
+    check_answer(ask(sdk, ALIAS, choice, stream), choice)
+    assert deployment[1].proc.poll() is None, deployment[1].log()[-3000:]
+
+
+def test_last_an_engine_killed_under_a_stream_ends_it_with_an_error_event(
+    gateway: Spawned, deployment: tuple[Spawned, Spawned]
+) -> None:
+    """Last in the module: it kills the module's engine. EngineCore and its server die at once
+    (SIGKILL) while a stream is being answered: the stream ends with an `error` event, and the
+    worker is out."""
+    body = {"model": ALIAS, "max_tokens": 1500, "messages": USER, "stream": True, "temperature": 1.0}
+    kinds: list[str] = []
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        with client.stream("POST", "/v1/messages", json=body) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line[7:])
+                    if kinds.count("content_block_delta") == 3:
+                        deployment[1].kill()
+                elif line.startswith("data: ") and kinds[-1] == "error":
+                    error = json.loads(line[6:])["error"]
+        assert kinds[0] == "message_start" and kinds[-1] == "error", kinds
+        assert "message_stop" not in kinds and error["type"] == "api_error", error
+        refused = client.post("/v1/messages", json={**body, "stream": False, "max_tokens": 8})
+        assert refused.status_code == 503 and refused.headers["x-smg-error-code"] == "no_available_workers"

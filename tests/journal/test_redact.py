@@ -6,10 +6,20 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from journal.bodies import fingerprint
 from journal.events import Completed, Received, Upstream, Validated
 from journal.reader import JournalReader
-from journal.redact import minimal_headers, redact_body, redact_headers, redact_query, redact_value
+from journal.redact import (
+    credential_header,
+    minimal_headers,
+    redact_body,
+    redact_headers,
+    redact_query,
+    redact_url,
+    redact_value,
+)
 from journal.writer import JournalWriter
 
 
@@ -204,3 +214,82 @@ async def test_the_query_string_is_redacted_in_the_file(tmp_path: Path) -> None:
     with JournalReader(path) as reader:
         received = reader.events("q")[0][1]
     assert isinstance(received, Received) and received.query.endswith("&x=1")
+
+
+# The rule, against a table: header names that carry credentials, and names that only look so.
+CREDENTIAL_HEADERS = (
+    "Authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie", "api-key", "x-goog-api-key",
+    "x-auth-token", "anthropic-api-key", "X-Amz-Security-Token", "x-client-secret", "x-apikey", "private-token",
+    "x-access-token", "x_auth", "x-session-token", "x-csrf-token", "x-hub-signature-256", "x-password",
+    "ocp-apim-subscription-key", "x-vault-token", "openai-api-key", "x-credentials", "x-bearer",
+)  # fmt: skip
+PLAIN_HEADERS = (
+    "content-type", "content-length", "user-agent", "anthropic-version", "anthropic-beta", "x-request-id",
+    "request-id", "x-correlation-id", "x-trace-id", "traceparent", "x-claude-code-session-id", "x-session-id",
+    "keep-alive", "accept-encoding", "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-input-tokens-limit",
+    "idempotency-key", "x-stainless-retry-count", "x-forwarded-for", "host",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CREDENTIAL_HEADERS)
+def test_a_header_named_for_a_credential_is_redacted(name: str) -> None:
+    assert credential_header(name)
+    assert redact_headers({name: "s3cret-value"}) == {name: marker("s3cret-value")}
+
+
+@pytest.mark.parametrize("name", PLAIN_HEADERS)
+def test_a_header_that_only_names_or_counts_is_kept(name: str) -> None:
+    assert not credential_header(name)
+    assert redact_headers({name: "value"}) == {name: "value"}
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "https://user:pw@mcp.example/sse",
+            "https://[redacted%20sha256:" + marker("user:pw")[17:29] + "]@mcp.example/sse",
+        ),
+        ("https://tok@h.example/x", "https://[redacted%20sha256:" + marker("tok")[17:29] + "]@h.example/x"),
+        (
+            "http://mcp.example/sse?token=abc&v=1",
+            "http://mcp.example/sse?token=[redacted%20sha256:" + marker("abc")[17:29] + "]&v=1",
+        ),
+        (
+            "https://bucket.example/i.png?X-Amz-Signature=f00&X-Amz-Date=1",
+            "https://bucket.example/i.png?X-Amz-Signature=[redacted%20sha256:"
+            + marker("f00")[17:29]
+            + "]&X-Amz-Date=1",
+        ),
+        ("https://example.com/a@b?page=2#f", "https://example.com/a@b?page=2#f"),  # an @ in the path: no userinfo
+        ("see https://u:p@h/ there", "see https://u:p@h/ there"),  # prose, not a URL
+        ("ftp://u:p@h/", "ftp://u:p@h/"),
+    ],
+)
+def test_url_credentials_are_redacted(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+    assert redact_url(expected) == expected  # idempotent
+
+
+def test_a_body_keeps_its_bytes_but_not_the_credentials_of_its_urls() -> None:
+    body = json.dumps(
+        {
+            "model": "m",
+            "mcp_servers": [{"type": "url", "url": "https://me:pw@mcp.example/sse?api_key=k1", "name": "s"}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "https://i.example/a.png?sig=s1"}}],
+                }
+            ],
+        },
+        indent=1,
+    )
+    out = redact_body(body)
+    assert "me:pw" not in out and "k1" not in out and "sig=s1" not in out
+    assert out.count("\n") == body.count("\n")  # replaced in place, not re-serialized
+    assert json.loads(out)["mcp_servers"][0]["url"].startswith("https://[redacted%20sha256:")
+    escaped = body.replace("https://me:pw@", "https:\\/\\/me:pw\\u0040")
+    assert "me:pw" not in json.dumps(json.loads(redact_body(escaped)))
+    plain = json.dumps({"messages": [{"role": "user", "content": "https://example.com/?page=1"}]})
+    assert redact_body(plain) is plain

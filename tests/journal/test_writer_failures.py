@@ -87,3 +87,41 @@ async def test_an_event_that_cannot_be_encoded_costs_only_itself(tmp_path: Path)
         assert received.headers["x-request-id"] == "abc\\udcff" and received.path == "/v1/messages\\udcfe"
         row = reader.get_request("bad")
         assert row is not None and row["path"] == "/v1/messages\\udcfe" and row["output_tokens"] is None
+
+
+async def test_a_commit_waiting_on_a_lock_fills_the_held_buffer_and_logs_what_the_metric_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, queue_size=50, max_held=200, busy_timeout_ms=3000, retry_interval_s=0.05)
+    await writer.start()
+    await writer.append("before", 1, Received(method="POST", path="/v1/messages"))
+    await writer.flush()
+    caplog.set_level(logging.WARNING, logger="journal.writer")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        await writer.append("first", 1, Tokens(ids=[1]))
+        await wait_until(writer._stalled)  # the commit has waited on the lock for over a second
+        for i in range(150):  # three times the queue, less than the held buffer: none dropped
+            await writer.append(f"r{i}", 1, Tokens(ids=[i]))
+        assert writer.stats["events_dropped"] == 0 and writer.stats["queue_depth"] == 150
+        for i in range(100):  # past max_held while the first commit still waits: dropped
+            await writer.append(f"late{i}", 1, Tokens(ids=[i]))
+        assert writer.stats["events_dropped"] > 0
+        await wait_until(lambda: writer.problem is not None)  # then that commit fails
+        for i in range(100):
+            await writer.append(f"later{i}", 1, Tokens(ids=[i]))
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    await wait_until(lambda: writer.problem is None)
+    await writer.close()
+    stats = writer.stats
+    assert stats["events_written"] + stats["events_dropped"] == 1 + 1 + 150 + 100 + 100
+    assert db_count(path) == stats["events_written"]
+    with JournalReader(path) as reader:
+        assert all(reader.get_request(f"r{i}") is not None for i in range(150))
+    logged = [r.getMessage() for r in caplog.records if "dropped during the incident" in r.getMessage()]
+    assert len(logged) == 1 and f" {stats['events_dropped']} events were dropped" in logged[0], logged
+    assert sum("cannot commit" in r.getMessage() for r in caplog.records) == 1

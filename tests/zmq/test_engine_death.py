@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import journaled_failure
 from tests.zmq.conftest import MODEL, socket_dir, start_engine, start_gateway, target_of, wait_ready
 from tools.engine_control import EngineControl
 from tools.spawn import Spawned
@@ -25,7 +26,8 @@ USER = [{"role": "user", "content": "Tell me about foxes."}]
 class Deployment:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.gateway = start_gateway(path)
+        self.journal = path.parent / "smg-journal.db"
+        self.gateway = start_gateway(path, self.journal)
         self.engine = start_engine(path)
         self.spawned: list[Spawned] = [self.gateway, self.engine]
 
@@ -166,4 +168,28 @@ def test_an_engine_dying_with_nothing_in_flight_takes_the_worker_out(deployment:
     with httpx.Client(base_url=deployment.gateway.url, timeout=30.0) as http, deployment.control() as control:
         wait_ready(http)
         control.die()
+        wait_status(http, "/readiness", 503)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_engine_process_that_exits_under_a_request_is_an_error_and_journaled(
+    deployment: Deployment, stream: bool
+) -> None:
+    with httpx.Client(base_url=deployment.gateway.url, timeout=30.0) as http, deployment.control() as control:
+        wait_ready(http)
+        # No ENGINE_CORE_DEAD: the process ends after two tokens and its sockets vanish.
+        control.script({"text": "one two three four five six", "exit_after": 2})
+        body = {"model": MODEL, "max_tokens": 40, "stream": stream, "messages": USER}
+        reply = http.post("/v1/messages", json=body)
+        request_id = reply.headers["x-request-id"]
+        if stream and reply.status_code == 200:
+            # The two tokens may or may not have reached the stream before the death was seen.
+            assert "event: error" in reply.text and "event: message_stop" not in reply.text, reply.text
+            journaled_failure(deployment.journal, request_id, 500, "engine_stream_error", answered=200)
+        else:
+            # 502 when the death was seen before the tokens were read, else a broken answer.
+            expected = {502: "engine_unavailable", 500: "engine_stream_error"}
+            assert expected.get(reply.status_code) == reply.headers.get("x-smg-error-code"), reply.text
+            assert reply.json()["type"] == "error" and "connection closed" in reply.json()["error"]["message"]
+            journaled_failure(deployment.journal, request_id, reply.status_code, reply.headers["x-smg-error-code"])
         wait_status(http, "/readiness", 503)

@@ -57,6 +57,7 @@ class AnthropicConnector:
     """Forwards Messages requests to the Anthropic API."""
 
     name = "anthropic"
+    generates = False
 
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -45,7 +46,7 @@ from smg.pipeline.output import OutputPlan, apply_plan, build_stages, plan_outpu
 from smg.pipeline.render import Prompt, render_prompt
 from smg.pipeline.render.bound import prompt_token_floor
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
-from smg.pipeline.tokenizers.tokenizer import Tokenizer
+from smg.pipeline.tokenizers.tokenizer import Tokenizer, warm_import
 from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
 from smg.protocol.errors import ApiError
 from smg.protocol.ids import random_id
@@ -79,6 +80,7 @@ def error_event(err: ApiError, stage: str = "engine") -> Error:
         message=err.message,
         code=err.code,
         headers=err.response_headers(),
+        detail=err.detail,
     )
 
 
@@ -129,6 +131,8 @@ async def grpc_clients(target: Target) -> tuple[str, EngineClient]:
 class EngineConnector:
     """Serves Messages and count_tokens from inference engines (gRPC, ZMQ)."""
 
+    generates = True
+
     def __init__(
         self,
         config: GatewayConfig,
@@ -156,7 +160,10 @@ class EngineConnector:
     # lifecycle
 
     async def start(self) -> None:
-        return None
+        if self.tokenizers.autoload and not self._configured_tokenizer:
+            # Every tokenizer this gateway will hold comes from a worker, later: importing
+            # transformers (seconds) now keeps it off a new worker's way to serving.
+            threading.Thread(target=warm_import, name="smg-tokenizer-import", daemon=True).start()
 
     async def close(self) -> None:
         await self._media.aclose()
@@ -203,6 +210,29 @@ class EngineConnector:
         await register_tokenizer(
             engine, self.tokenizers, configured_path=self._configured_tokenizer, chat_template=self._chat_template
         )
+
+    async def _tokenizer(self, model: str, pool: Sequence[Target]) -> Tokenizer:
+        """The model's tokenizer; one still being fetched or loaded is waited for (up to
+        `--tokenizer-wait-secs`, within the request's deadline) before the registry's refusal."""
+        try:
+            return self.tokenizers.get(model)
+        except ApiError as refused:
+            wait = self._config.engine.tokenizer_wait_secs
+            if refused.code != "tokenizer_not_ready" or wait <= 0:
+                raise
+        pending: set[asyncio.Future[Any]] = {self._autoloads[t.url] for t in pool if t.url in self._autoloads}
+        entry = self.tokenizers.lookup(model)
+        loaded = asyncio.ensure_future(entry.done.wait()) if entry is not None and not entry.done.is_set() else None
+        if loaded is not None:
+            pending.add(loaded)
+        try:
+            if pending:
+                # The loads go on for the next request if this one gives up (not cancelled).
+                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if loaded is not None:
+                loaded.cancel()
+        return self.tokenizers.get(model)
 
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
         engine = await self._engine(target)
@@ -265,7 +295,7 @@ class EngineConnector:
         here and its prompt's placeholders expanded."""
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
-        tokenizer = self.tokenizers.get(call.model)
+        tokenizer = await self._tokenizer(call.model, pool)
         runtimes = {r for r in map(self.runtime_of, pool) if r}
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
@@ -464,6 +494,10 @@ class EngineConnector:
                     continue
                 assert isinstance(item, EngineDone)
                 settled = True
+                if item.finish_reason == "error":
+                    # vLLM ends a request it could not run (a failed preprocessing or grammar
+                    # compile, an empty completion) this way: a failure, never an empty success.
+                    raise EngineError("INTERNAL", "the engine failed the request (finish reason: error)")
                 for event in attempt.done(
                     item.token_ids,
                     item.finish_reason,

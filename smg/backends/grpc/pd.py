@@ -54,7 +54,7 @@ from smg.backends.base import Attempts, Call, Discovery, Failure, Lease, PairLea
 from smg.backends.grpc.backend import GrpcConnector, Prepared, error_event
 from smg.backends.grpc.discovery import EngineWorker
 from smg.backends.grpc.engines.tokenspeed import TokenSpeedClient
-from smg.backends.grpc.request import engine_failure
+from smg.backends.grpc.request import engine_failure, public_detail
 from smg.backends.grpc.types import (
     Bootstrap,
     EncodeBootstrap,
@@ -88,7 +88,9 @@ def runtime_not_supported(runtime: str) -> ApiError:
 def prefill_failure(exc: EngineError) -> ApiError:
     """A prefill leg's failure, as the client is told it (the status its gRPC code maps to)."""
     status = engine_failure(exc, started=False).status
-    return ApiError(status, f"Prefill stream error: {exc.message or exc.code}", code="prefill_stream_error")
+    return ApiError(
+        status, f"Prefill stream error: {public_detail(exc)}", code="prefill_stream_error", detail=str(exc)
+    )
 
 
 def encode_failure(exc: EngineError) -> ApiError:
@@ -97,7 +99,9 @@ def encode_failure(exc: EngineError) -> ApiError:
         status = 400
     else:
         status = engine_failure(exc, started=False).status
-    return ApiError(status, f"Encode error: {exc.message or exc.code}", code="multimodal_processing_failed")
+    return ApiError(
+        status, f"Encode error: {public_detail(exc)}", code="multimodal_processing_failed", detail=str(exc)
+    )
 
 
 def _encode_record(
@@ -231,6 +235,7 @@ class GrpcPdConnector:
     """Prefill/decode pairs of gRPC engines (SGLang, TokenSpeed, vLLM), and EPD pools."""
 
     name = "grpc-pd"
+    generates = True
 
     def __init__(self, grpc: GrpcConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
         self._grpc = grpc

@@ -9,6 +9,7 @@ an EPD deployment).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from smg.backends.grpc.types import EngineError, GenerateCall
@@ -125,17 +126,36 @@ def generate_call(
     )
 
 
+# Where a worker is, as engines and the gRPC stack spell it: a URL, a resolver target
+# (`ipv4:…`, `unix:…`), an IP address (v4, or v6 in brackets), a host with a port.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://[^\s,;'\")]+"
+    r"|\b(?:ipv4|ipv6|unix|unix-abstract|dns|vsock):[^\s,;'\")]+"
+    r"|\[[0-9a-f:.%]+\](?::\d+)?"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"
+    r"|\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*:\d{2,5}\b",
+    re.IGNORECASE,
+)
+
+
+def public_detail(exc: EngineError) -> str:
+    """An engine error's words as a client may read them: every worker address left out."""
+    return _ADDRESS.sub("the worker", exc.message or exc.code)
+
+
 def engine_failure(exc: EngineError, *, started: bool) -> ApiError:
-    """An engine's refusal or failure, as the client is told it."""
-    detail = exc.message or exc.code
+    """An engine's refusal or failure, as the client is told it (its words, addresses left out;
+    the journal's error event keeps them whole in `detail`)."""
+    detail = public_detail(exc)
+    full = f"{exc.code}: {exc.message}" if exc.message else exc.code
     if started:
-        return ApiError(500, f"Stream error: {detail}", code="engine_stream_error")
+        return ApiError(500, f"Stream error: {detail}", code="engine_stream_error", detail=full)
     if exc.code in ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION"):
-        return ApiError(400, f"The engine refused the request: {detail}", code="engine_rejected_request")
+        return ApiError(400, f"The engine refused the request: {detail}", code="engine_rejected_request", detail=full)
     if exc.code == "RESOURCE_EXHAUSTED":
-        return ApiError(503, f"The engine is overloaded: {detail}", code="engine_overloaded")
+        return ApiError(503, f"The engine is overloaded: {detail}", code="engine_overloaded", detail=full)
     if exc.code == "DEADLINE_EXCEEDED":
-        return ApiError(504, f"The engine did not answer in time: {detail}", code="engine_timeout")
+        return ApiError(504, f"The engine did not answer in time: {detail}", code="engine_timeout", detail=full)
     if exc.unavailable:
-        return ApiError(502, f"The engine is unreachable: {detail}", code="engine_unavailable")
-    return ApiError(500, f"The engine failed: {detail}", code="engine_error")
+        return ApiError(502, f"The engine is unreachable: {detail}", code="engine_unavailable", detail=full)
+    return ApiError(500, f"The engine failed: {detail}", code="engine_error", detail=full)

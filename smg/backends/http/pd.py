@@ -105,6 +105,7 @@ class HttpPdConnector:
     """Prefill/decode pairs of HTTP workers (SGLang's disaggregation over its HTTP API)."""
 
     name = "http-pd"
+    generates = False
 
     def __init__(self, config: GatewayConfig, relay: HttpConnector | None = None) -> None:
         self._config = config

@@ -57,6 +57,7 @@ class HttpConnector:
     """Relays Messages and count_tokens requests to HTTP workers."""
 
     name = "http"
+    generates = False
 
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config

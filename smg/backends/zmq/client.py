@@ -71,22 +71,6 @@ def model_dir_facts(model_path: str) -> tuple[list[int], int | None]:
     return eos, vocab if isinstance(vocab, int) and vocab > 0 else None
 
 
-def _structured(constraint: tuple[str, str] | None) -> dict[str, Any] | None:
-    if constraint is None:
-        return None
-    kind, value = constraint
-    if kind == "json_schema":
-        try:
-            return {"json": json.loads(value)}
-        except ValueError:
-            return {"json": value}
-    if kind == "regex":
-        return {"regex": value}
-    if kind == "ebnf":
-        return {"grammar": value}
-    return {"structural_tag": value}
-
-
 class ZmqEngineClient:
     """The engines of one `ipc://PATH` worker."""
 
@@ -185,7 +169,7 @@ class ZmqEngineClient:
             repetition_penalty=call.repetition_penalty,
             stop_token_ids=call.stop_token_ids,
             eos_token_ids=list(dict.fromkeys([*self.eos_token_ids, *call.eos_token_ids])),
-            structured=_structured(call.constraint),
+            structured=wire.structured_outputs(*call.constraint) if call.constraint is not None else None,
         )
         return wire.add_request(call.request_id, call.input_ids, params)
 

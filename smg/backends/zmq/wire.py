@@ -11,6 +11,7 @@ gateway's `engine_zmq_client` reads them.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,31 @@ def ready_response(payload: bytes) -> ReadyResponse:
 
 
 # -- requests ------------------------------------------------------------------------------------
+
+
+# The structured-output backend named in every constrained request. EngineCore builds the one
+# backend the first such request names and raises on a request that names none ("Unsupported
+# structured output backend: None"), so the frontend must name it: vLLM's own frontend, with its
+# default `--structured-outputs-config.backend auto`, resolves it to xgrammar and marks it as
+# chosen automatically. A schema xgrammar cannot compile fails that one request (finish ERROR).
+STRUCTURED_OUTPUT_BACKEND = "xgrammar"
+# The gateway's constraint kinds, as `StructuredOutputsParams` names them.
+_CONSTRAINT_FIELDS = {"json_schema": "json", "regex": "regex", "ebnf": "grammar", "structural_tag": "structural_tag"}
+
+
+def structured_outputs(kind: str, value: str) -> dict[str, Any]:
+    """`StructuredOutputsParams` as vLLM's frontend hands it to EngineCore: the one constraint,
+    the backend it resolved (`_backend`) and that it was resolved automatically."""
+    key = _CONSTRAINT_FIELDS.get(kind)
+    if key is None:
+        raise ValueError(f"vLLM takes no {kind!r} constraint")
+    constraint: Any = value
+    if key == "json":
+        try:
+            constraint = json.loads(value)
+        except ValueError:
+            pass  # vLLM takes the schema as text too, and says what is wrong with it
+    return {key: constraint, "_backend": STRUCTURED_OUTPUT_BACKEND, "_backend_was_auto": True}
 
 
 def sampling_params(

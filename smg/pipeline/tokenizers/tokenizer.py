@@ -36,6 +36,12 @@ def _transformers() -> Any:
         return transformers
 
 
+def warm_import() -> None:
+    """Import transformers ahead of the first load (a gateway about to fetch tokenizers from its
+    workers): the import, seconds of a cold start, is most of what loading one costs."""
+    _transformers()
+
+
 def _chat_template_utils() -> Any:
     with _IMPORT_LOCK:
         from transformers.utils import chat_template_utils

@@ -491,7 +491,9 @@ IDS = [f"{name}-{i}" for i, (name, *_) in enumerate(CASES)]
 
 
 def test_every_registered_format_has_cases() -> None:
-    assert set(TOOL_PARSERS) - {"qwen_coder", "nemotron"} == set(PARSERS)
+    from tests.pipeline.parsers import test_tool_parsers_more
+
+    assert set(TOOL_PARSERS) - {"qwen_coder", "nemotron"} == set(PARSERS) | set(test_tool_parsers_more.PARSERS)
 
 
 @pytest.mark.parametrize(("name", "output", "text", "calls"), CASES, ids=IDS)

@@ -2,9 +2,8 @@
 `ToolArgs` pieces (behaviors.md §C.2, §D.2, §F.7, §F.8), the registry of them by name, the
 auto-detection table, and the readers of JSON-schema-constrained output (§F.3).
 
-`make_tool_parser(name, tools)` builds a fresh parser for one generation. Names the detection
-table can yield but that are not implemented here (`UNIMPLEMENTED`) — and any other unknown
-name — get `passthrough`: the output stays text.
+`make_tool_parser(name, tools)` builds a fresh parser for one generation. Every name the
+detection table can yield has one; an unknown name gets `passthrough`: the output stays text.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from smg.pipeline.parsers.tools.deepseek_dsml import DeepSeekV4Parser, DeepSeekV
 from smg.pipeline.parsers.tools.detect import MODEL_PATTERNS, detect_tool_parser
 from smg.pipeline.parsers.tools.forced import parse_forced_any, parse_forced_tool
 from smg.pipeline.parsers.tools.glm import Glm45Parser, Glm47Parser
+from smg.pipeline.parsers.tools.inkling import InklingParser
 from smg.pipeline.parsers.tools.jsonish import JsonParser, LlamaParser
 from smg.pipeline.parsers.tools.kimik2 import KimiK2Parser
 from smg.pipeline.parsers.tools.kimik3 import KimiK3Parser
@@ -25,6 +25,8 @@ from smg.pipeline.parsers.tools.mistral import MistralParser
 from smg.pipeline.parsers.tools.passthrough import PassthroughParser
 from smg.pipeline.parsers.tools.pythonic import PythonicParser
 from smg.pipeline.parsers.tools.qwen import QwenParser, QwenXmlParser
+from smg.pipeline.parsers.tools.sarashina import SarashinaParser
+from smg.pipeline.parsers.tools.step3 import Step3Parser
 
 TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "json": JsonParser,
@@ -44,12 +46,12 @@ TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "kimik2": KimiK2Parser,
     "kimi_k3": KimiK3Parser,
     "minimax_m2": MinimaxM2Parser,
+    "sarashina": SarashinaParser,
+    "step3": Step3Parser,
+    "inkling": InklingParser,
     "cohere": CohereParser,
     "passthrough": PassthroughParser,
 }
-
-# Names the reference registers (and §F.7 can detect) that have no parser here.
-UNIMPLEMENTED = frozenset({"sarashina", "step3", "inkling"})
 
 
 def has_tool_parser(name: str) -> bool:
@@ -68,7 +70,6 @@ def make_tool_parser(name: str, tools: Tools | None = None, *, new_id: IdFactory
 __all__ = [
     "MODEL_PATTERNS",
     "TOOL_PARSERS",
-    "UNIMPLEMENTED",
     "IdFactory",
     "ToolParser",
     "client_tool_use_id",

@@ -18,7 +18,7 @@ from smg.pipeline.parsers.tools import jsonstream as js
 from smg.pipeline.parsers.tools.base import TEXT, IdFactory, ToolParser, Tools, tool_names
 
 
-class _BareJson(ToolParser):
+class BareJsonParser(ToolParser):
     """Shared: the rule for marker-less call objects."""
 
     def __init__(self, tools: Tools | None = None, *, new_id: IdFactory | None = None) -> None:
@@ -33,7 +33,7 @@ class _BareJson(ToolParser):
         return call.args_started and (not self._declared or call.name in self._declared)
 
 
-class JsonParser(_BareJson):
+class JsonParser(BareJsonParser):
     name = "json"
     start_markers = ("{", "[")
     separators = ";,"
@@ -82,7 +82,7 @@ class JsonParser(_BareJson):
 PYTHON_TAG = "<|python_tag|>"
 
 
-class LlamaParser(_BareJson):
+class LlamaParser(BareJsonParser):
     name = "llama"
     start_markers = (PYTHON_TAG,)
     separators = ";"

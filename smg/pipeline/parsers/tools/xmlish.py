@@ -18,6 +18,16 @@ from smg.pipeline.parsers.tools.values import dumps, param_types, value_json
 
 # A tool name as the XML-style formats write it.
 NAME = re.compile(r"[\w.\-:/]{1,256}")
+# The attributes of an `<invoke name="f">` / `<parameter name="k">` tag (MiniMax, Step3).
+_NAME_ATTR = re.compile(r"""\s+name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))\s*""")
+
+
+def name_attr(attrs: str) -> str:
+    """The value of the only attribute, `name`, of a tag's attribute text ("" if it is not that)."""
+    match = _NAME_ATTR.fullmatch(attrs)
+    if not match:
+        return ""
+    return next(group for group in match.groups() if group is not None).strip()
 
 
 class XmlCallParser(ToolParser):
@@ -130,6 +140,18 @@ class XmlCallParser(ToolParser):
                     self._args(self._member(self._key) + '"')
                 self._args(_escaped(rest) + '"')
         self._args("}" if self._members else "")
+
+    def _tag_name(self) -> str | None:
+        """The `name` attribute of the tag being read (its `<tag` already consumed), consumed
+        through `>`; None while the tag is incomplete, "" (nothing consumed) when it has no
+        usable name."""
+        end = self._buf.find(">")
+        if end < 0:
+            return "" if len(self._buf) > 512 else None
+        name = name_attr(self._buf[:end])
+        if name:
+            self._consume(end + 1)
+        return name
 
     def _garbage(self, unread: str = "") -> None:
         """Something other than a parameter inside a call: the call ends there and the rest —

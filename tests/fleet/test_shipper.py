@@ -1,0 +1,227 @@
+"""The shipper against a real PostgreSQL: a local journal of mixed traffic arrives whole and once,
+survives re-sending and an outage, and local retention keeps what has not shipped."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from journal import schema as local_schema
+from journal.pg import outbox, schema
+from journal.pg.shipper import Shipper
+from journal.retention import prune
+from journal.writer import JournalWriter
+from tools.build_journal import T0, Traffic, build, requests
+from tools.servers.postgres import PostgresServer
+
+
+def until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sink(pg_url: str) -> str:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        schema.migrate(conn)
+    return pg_url
+
+
+@pytest.fixture
+def started() -> Iterator[list[Shipper]]:
+    shippers: list[Shipper] = []
+    yield shippers
+    for shipper in shippers:
+        shipper.stop()
+
+
+def _start(started: list[Shipper], path: Path, url: str, replica: str, **kw: Any) -> Shipper:
+    shipper = Shipper(path, url, replica, **kw)
+    shipper.start()
+    started.append(shipper)
+    return shipper
+
+
+async def _more(path: Path, traffic: Traffic, prefix: str) -> None:
+    """More of `traffic`, its ids prefixed (so that they are new requests)."""
+    writer = JournalWriter(path)
+    await writer.start()
+    try:
+        for request_id, events in requests(traffic):
+            for seq, event in enumerate(events, 1):
+                await writer.append(prefix + request_id, seq, event)
+    finally:
+        await writer.close()
+
+
+Contents = tuple[dict[str, tuple[Any, ...]], dict[str, list[tuple[Any, ...]]], dict[str, str]]
+"""Summary rows, event rows and text of each request, by id."""
+
+
+def _local(path: Path) -> Contents:
+    conn = sqlite3.connect(path)
+    cols = ", ".join(local_schema.REQUEST_COLUMNS)
+    rows = {r[0]: r for r in conn.execute(f"SELECT {cols} FROM requests WHERE completed = 1")}
+    events: dict[str, list[tuple[Any, ...]]] = {}
+    for request_id, seq, kind, t, data in conn.execute(
+        "SELECT r.id, e.seq, e.kind, e.t, e.data FROM events e JOIN requests r USING (rk)"
+        " WHERE r.completed = 1 ORDER BY r.id, e.seq"
+    ):
+        events.setdefault(request_id, []).append((seq, kind, t, data.encode() if isinstance(data, str) else data))
+    texts = dict(conn.execute("SELECT r.id, x.body FROM request_text x JOIN requests r ON r.rk = x.rowid"))
+    conn.close()
+    return rows, events, texts
+
+
+def _fleet(url: str, replica: str) -> Contents:
+    with psycopg.connect(url) as conn:
+        cols = ", ".join(local_schema.REQUEST_COLUMNS)
+        rows = {r[0]: r for r in conn.execute(f"SELECT {cols} FROM requests WHERE replica = %s", (replica,))}
+        events: dict[str, list[tuple[Any, ...]]] = {}
+        for request_id, seq, kind, t, data in conn.execute(
+            "SELECT r.id, e.seq, e.kind, e.t, e.data FROM events e JOIN requests r USING (rk, day)"
+            " WHERE r.replica = %s ORDER BY r.id, e.seq",
+            (replica,),
+        ):
+            events.setdefault(request_id, []).append((seq, kind, t, bytes(data)))
+        texts = dict(
+            conn.execute(
+                "SELECT r.id, x.body FROM request_text x JOIN requests r USING (rk, day) WHERE r.replica = %s",
+                (replica,),
+            ).fetchall()
+        )
+    return rows, events, texts
+
+
+def _count(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        found = conn.execute("SELECT count(*) FROM requests").fetchone()
+        assert found is not None
+        return int(found[0])
+
+
+async def test_a_journal_of_mixed_traffic_arrives_whole(tmp_path: Path, sink: str, started: list[Shipper]) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(1500, span_s=2 * 86_400.0))  # two days: two partitions
+    shipper = _start(started, path, sink, "web-1", batch_size=400)
+    until(lambda: shipper.stats["requests_shipped"] >= 1500 and shipper.stats["unshipped"] == 0, what="shipping")
+    local, fleet = _local(path), _fleet(sink, "web-1")
+    assert len(local[0]) == 1500
+    assert fleet[0] == local[0]  # every summary column, as stored
+    assert fleet[1] == local[1]  # every event row, byte for byte (JSON and packed runs)
+    assert fleet[2] == local[2]  # the text index's rows
+    stats = shipper.stats
+    assert stats["batches"] >= 4 and stats["duplicates"] == 0 and stats["failures"] == 0
+    with psycopg.connect(sink) as conn:
+        days = conn.execute("SELECT day, count(*) FROM requests GROUP BY day ORDER BY day").fetchall()
+        assert len(days) == 3 and sum(n for _, n in days) == 1500  # T0 is mid-day: 3 UTC days
+        assert conn.execute("SELECT name, requests FROM replicas").fetchall() == [("web-1", 1500)]
+
+
+async def test_sending_again_inserts_nothing(tmp_path: Path, sink: str, started: list[Shipper]) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(300))
+    shipper = _start(started, path, sink, "web-1")
+    until(lambda: shipper.stats["requests_shipped"] == 300, what="first shipping")
+    shipper.stop()
+    # What a crash between PostgreSQL's commit and the local cursor's leaves: all of it queued again.
+    conn = local_schema.connect(path)
+    conn.execute(f"INSERT INTO {outbox.TABLE} (rk, queued) SELECT rk, 0 FROM requests WHERE completed = 1")
+    conn.close()
+    again = _start(started, path, sink, "web-1")
+    until(lambda: again.stats["duplicates"] == 300 and again.stats["unshipped"] == 0, what="second shipping")
+    assert again.stats["requests_shipped"] == 0
+    assert _count(sink) == 300
+    with psycopg.connect(sink) as pg:
+        rows = sum(len(v) for v in _local(path)[1].values())
+        assert pg.execute("SELECT count(*) FROM events").fetchone() == (rows,)
+
+
+async def test_an_outage_delays_shipping_and_loses_nothing(
+    tmp_path: Path, own_postgres: PostgresServer, started: list[Shipper]
+) -> None:
+    url = own_postgres.url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        schema.migrate(conn)
+    path = tmp_path / "j.db"
+    await build(path, Traffic(200, seed=1))
+    shipper = _start(started, path, url, "web-1")
+    until(lambda: shipper.stats["requests_shipped"] == 200, what="shipping before the outage")
+    own_postgres.stop()
+    await _more(path, Traffic(200, seed=2, start=T0 + 10), "b-")
+    until(lambda: shipper.stats["failures"] >= 1, what="a failed attempt")
+    until(lambda: shipper.stats["unshipped"] == 200, what="the backlog counted")
+    assert shipper.stats["lag_seconds"] > 0
+    own_postgres.start()
+    until(lambda: shipper.stats["unshipped"] == 0 and shipper.stats["shipping"] == 1, what="draining")
+    local = _local(path)
+    assert len(local[0]) == 400
+    assert _fleet(url, "web-1") == local
+    assert shipper.stats["requests_shipped"] == 400 and shipper.stats["duplicates"] == 0
+
+
+async def test_retention_keeps_what_has_not_shipped(tmp_path: Path, sink: str, started: list[Shipper]) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(100))
+    conn = local_schema.connect(path)
+    assert outbox.install(conn) == 100
+    conn.close()
+    now = T0 + 30 * 86_400.0
+    kept = prune(path, max_age_s=86_400.0, now=now)
+    assert (kept.requests_deleted, kept.unshipped_kept) == (0, 100)
+    shipper = _start(started, path, sink, "web-1")
+    until(lambda: shipper.stats["unshipped"] == 0, what="shipping")
+    shipper.stop()
+    gone = prune(path, max_age_s=86_400.0, now=now)
+    assert (gone.requests_deleted, gone.unshipped_kept) == (100, 0)
+    assert _count(sink) == 100
+
+
+async def test_a_file_that_no_longer_ships_is_left_as_without_a_sink(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(20))
+    conn = local_schema.connect(path)
+    before = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert outbox.install(conn) == 20
+    assert outbox.uninstall(conn) == 20
+    assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} == before
+    conn.close()
+
+
+async def test_requests_postgresql_cannot_hold_do_not_stop_the_others(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    path = tmp_path / "j.db"
+    await build(path, Traffic(50))
+    conn = local_schema.connect(path)
+    outbox.install(conn)
+    # An event number past 32 bits (binary COPY would wrap it: left out before sending), an event
+    # kind PostgreSQL refuses (a NUL: the batch is refused, then sent one request at a time), and
+    # an arrival no calendar day holds (filed as undated).
+    for request_id, seq, kind in (("req_seq", 2**31, "completed"), ("req_nul", 2, "compl\x00eted")):
+        rk = conn.execute(
+            "INSERT INTO requests (id, ts, completed) VALUES (?, 1764504000, 1) RETURNING rk", (request_id,)
+        ).fetchone()[0]
+        conn.execute("INSERT INTO events (rk, seq, kind, t, data) VALUES (?, ?, ?, 0, '{}')", (rk, seq, kind))
+    conn.execute("INSERT INTO requests (id, ts, completed) VALUES ('req_undated', 1e300, 1)")
+    conn.close()
+    shipper = _start(started, path, sink, "web-1", batch_size=20)
+    until(lambda: shipper.stats["unshipped"] == 0 and shipper.stats["refused"] == 2, what="shipping")
+    assert shipper.stats["requests_shipped"] == 51
+    with psycopg.connect(sink) as pg:
+        assert pg.execute("SELECT day FROM requests WHERE id = 'req_undated'").fetchone() == (date(1970, 1, 1),)
+        assert pg.execute("SELECT count(*) FROM requests WHERE id IN ('req_seq', 'req_nul')").fetchone() == (0,)
+        assert pg.execute("SELECT count(*) FROM events WHERE seq < 0").fetchone() == (0,)

@@ -1,0 +1,69 @@
+"""Credentials never reach the journal in clear, by rule: every header named for a credential
+and the credentials of URLs in the body, through the suite's gateway and its journal file; the
+redacted forms still export as curl (a variable per secret header) and keep their fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+from typer.testing import CliRunner
+
+from journal.events import Received
+from smg.cli.main import app
+from tests.conftest import MODEL, Scripted, wait_for_events
+
+HEADERS = {
+    "api-key": "hdr-secret-api-key",
+    "x-goog-api-key": "hdr-secret-goog",
+    "x-auth-token": "hdr-secret-auth-token",
+    "anthropic-api-key": "hdr-secret-anthropic",
+    "x-amz-security-token": "hdr-secret-amz",
+}
+URL_SECRETS = ("url-user", "url-password", "url-query-token", "url-image-sig")
+BODY = {
+    "model": MODEL,
+    "max_tokens": 8,
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is in it?"},
+                {
+                    "type": "image",
+                    "source": {"type": "url", "url": "https://img.example/a.png?sig=url-image-sig&w=1"},
+                },
+            ],
+        }
+    ],
+    "mcp_servers": [
+        {"type": "url", "name": "tools", "url": "https://url-user:url-password@mcp.example/sse?token=url-query-token"}
+    ],
+}
+
+
+def _marker(secret: str) -> str:
+    return f"[redacted sha256:{hashlib.sha256(secret.encode()).hexdigest()[:12]}]"
+
+
+def test_credential_headers_and_url_credentials_are_journaled_redacted(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    response = client.post("/v1/messages", json=BODY, headers={**HEADERS, "x-request-id": "redact-by-rule"})
+    assert response.status_code < 500, response.text
+    received = wait_for_events(journal_path, "redact-by-rule")[0]
+    assert isinstance(received, Received)
+    for name, secret in HEADERS.items():
+        assert received.headers[name] == _marker(secret)  # the fingerprint, as for Authorization
+    assert received.body is not None and "mcp.example/sse?token=[redacted%20sha256:" in received.body
+    for file in journal_path.parent.glob(journal_path.name + "*"):  # the WAL too
+        data = file.read_bytes()
+        for secret in (*HEADERS.values(), *URL_SECRETS):
+            assert secret.encode() not in data, (secret, file.name)
+
+    curl = CliRunner().invoke(app, ["journal", "export", "redact-by-rule", "--as", "curl", "-j", str(journal_path)])
+    assert curl.exit_code == 0, curl.output
+    assert '-H "x-goog-api-key: ${SMG_X_GOOG_API_KEY}"' in curl.stdout
+    assert '-H "api-key: ${SMG_API_KEY}"' in curl.stdout
+    assert not any(secret in curl.stdout for secret in (*HEADERS.values(), *URL_SECRETS))
