@@ -153,3 +153,14 @@ def test_the_plan_reads_forced_kimi_k3_output_with_its_own_parser() -> None:
     # Detected from the id alone, kimi_k3 gets the JSON schema like every parser.
     detected = _plan(body, "moonshotai/Kimi-K3")
     assert detected.constraint[0] == "json_schema" and detected.tool_parser == "json"
+
+
+def test_kimi_k3_keeps_its_channel_tokens_and_reads_them_with_thinking_off() -> None:
+    # The reference: a reasoning parser whose markers are special tokens runs and keeps them.
+    for body in ({"messages": USER}, {"messages": USER, "thinking": {"type": "disabled"}}):
+        plan = _plan(body, "moonshotai/Kimi-K3")
+        assert plan.reasoning_parser == "kimi_k3" and plan.skip_special_tokens is False
+        assert plan.in_reasoning is False
+    # Other formats are unchanged: thinking off runs no reasoning parser, plain text skips specials.
+    plan = _plan({"messages": USER, "thinking": {"type": "disabled"}}, "moonshotai/Kimi-K2-Instruct")
+    assert plan.reasoning_parser is None and plan.skip_special_tokens is True

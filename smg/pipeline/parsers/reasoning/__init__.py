@@ -22,6 +22,7 @@ __all__ = [
     "MarkerParser",
     "detect_reasoning_parser",
     "make_reasoning_parser",
+    "needs_special_tokens",
     "start_in_prompt",
     "starts_in_reasoning",
 ]
@@ -81,6 +82,13 @@ def _parser_class(name: str) -> type[MarkerParser]:
         return REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}") from None
+
+
+def needs_special_tokens(name: str) -> bool:
+    """Whether the parser's markers are special tokens the detokenizer must keep (unknown
+    names: no)."""
+    cls = REASONING_PARSERS.get(name)
+    return cls is not None and cls.special_tokens
 
 
 def start_in_prompt(name: str, prompt_text: str) -> bool:

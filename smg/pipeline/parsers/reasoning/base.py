@@ -36,6 +36,9 @@ class MarkerParser:
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
     default_in_reasoning: ClassVar[bool] = False
+    # Whether the markers are special tokens, kept in the text for this parser (and so read
+    # even when thinking is off, as the reference does for such formats).
+    special_tokens: ClassVar[bool] = False
 
     def __init__(self, in_reasoning: bool, *, start_consumed: bool = False) -> None:
         self.in_reasoning = in_reasoning

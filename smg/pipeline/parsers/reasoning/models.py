@@ -85,6 +85,7 @@ class KimiK3Parser(MarkerParser):
     wrappers are not text either."""
 
     name = "kimi_k3"
+    special_tokens = True
     start = f"{xtml.OPEN}think{xtml.SEP}"
     end = xtml.THINK_CLOSE
     siblings = (xtml.TOOLS_OPEN, xtml.RESPONSE_OPEN)
