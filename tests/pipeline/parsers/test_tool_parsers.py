@@ -467,6 +467,13 @@ CASES: list[tuple[str, str, str, list[Call]]] = [
     ),
     ("kimi_k3", k3(f"{XO}call{XS}{XC}call{XS}"), k3(f"{XO}call{XS}{XC}call{XS}"), []),
     ("kimi_k3", K3T + "not a call", K3T + "not a call", []),
+    # An opening tag longer than any a template writes is not one.
+    (
+        "kimi_k3",
+        k3(f'{XO}call tool="{"a" * 600}"{XS}{XC}call{XS}'),
+        k3(f'{XO}call tool="{"a" * 600}"{XS}{XC}call{XS}'),
+        [],
+    ),
     ("kimi_k3", "x <|open|>too", "x <|open|>too", []),
     # cohere
     (

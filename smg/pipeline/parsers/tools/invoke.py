@@ -41,6 +41,10 @@ def parse_attrs(text: str) -> dict[str, str] | None:
 
 
 class InvokeParser(XmlCallParser):
+    """A subclass names its strings (`block`, `invoke`, … with `value_ends`) and, where its
+    format differs, how attributes are unescaped, which names are valid and how a parameter's
+    attributes type its value."""
+
     block: ClassVar[str] = ""
     invoke: ClassVar[str] = ""
     end_invoke: ClassVar[str] = ""
@@ -172,7 +176,7 @@ class InvokeParser(XmlCallParser):
     def _tag_attrs(self, required: str) -> dict[str, str] | None:
         """The attributes of the opening tag being read, consumed through its end; None while the
         tag is incomplete, {} (nothing consumed) when it has no non-empty `required` attribute."""
-        end = self._buf.find(self.tag_end)
+        end = self._buf.find(self.tag_end, 0, _TAG_LIMIT + len(self.tag_end))
         if end < 0:
             return {} if len(self._buf) > _TAG_LIMIT else None
         attrs = {key: self._attr(value) for key, value in (parse_attrs(self._buf[:end]) or {}).items()}
