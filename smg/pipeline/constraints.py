@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
+from smg.pipeline.parsers.tools import kimik3
 from smg.protocol.errors import ApiError
 
 ConstraintKind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
@@ -125,6 +126,7 @@ STRUCTURAL_TAGS: dict[str, Callable[[list[dict[str, Any]], bool], dict[str, Any]
     "mistral": _mistral_tag,
     "kimik2": _kimik2_tag,
     "inkling": _inkling_tag,
+    "kimi_k3": kimik3.structural_tag,
 }
 STRUCTURAL_TAG_PARSERS = frozenset(STRUCTURAL_TAGS)
 

@@ -19,6 +19,7 @@ from smg.pipeline.ids import tool_use_id
 from smg.pipeline.parsers.reasoning import (
     detect_reasoning_parser,
     make_reasoning_parser,
+    needs_special_tokens,
     start_in_prompt,
     starts_in_reasoning,
 )
@@ -68,12 +69,17 @@ def plan_output(
             plan.skip_special_tokens = plan.tool_parser is None
 
     thinking = getattr(request, "thinking", None)
-    if getattr(thinking, "type", None) != "disabled" and prompt.thinking is not False:
-        reasoning_name = reasoning_parser or detect_reasoning_parser(model)
+    reasoning_name = reasoning_parser or detect_reasoning_parser(model)
+    # A format whose channels are special tokens is read whatever thinking is set to: its
+    # markers are kept, and its reasoning parser takes them out of the text.
+    structural = reasoning_name is not None and needs_special_tokens(reasoning_name)
+    if structural or (getattr(thinking, "type", None) != "disabled" and prompt.thinking is not False):
         if reasoning_name is not None and reasoning_name != "passthrough":
             plan.reasoning_parser = reasoning_name
             plan.in_reasoning = starts_in_reasoning(reasoning_name, prompt.thinking, prompt.text)
             plan.start_consumed = start_in_prompt(reasoning_name, prompt.text)
+    if structural:
+        plan.skip_special_tokens = False
     plan.display_omitted = getattr(thinking, "display", None) == "omitted"
     return plan
 

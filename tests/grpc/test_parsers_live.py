@@ -67,6 +67,28 @@ FORMATS: dict[str, tuple[str, str]] = {
         '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Paris</parameter></invoke>'
         "</minimax:tool_call>",
     ),
+    "deepseek-v3.2-fixture": (
+        "deepseek32",
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        "</｜DSML｜function_calls>",
+    ),
+    "deepseek-v4-fixture": (
+        "deepseek_v4",
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n{"city": "Paris"}\n</｜DSML｜invoke>\n'
+        "</｜DSML｜tool_calls>",
+    ),
+    "kimi-k3-fixture": (
+        "kimi_k3",
+        '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|>'
+        "<|close|>tools<|sep|>",
+    ),
+    "command-a-fixture": (
+        "cohere",
+        '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}\n]'
+        "<|END_ACTION|>",
+    ),
 }
 
 

@@ -277,3 +277,41 @@ def test_parsers_are_text_stages_with_their_own_state() -> None:
     assert second.feed([Text("c")]) == [Thinking("c")]
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         make_reasoning_parser("nope", False)
+
+
+# --- Kimi-K3's XTML channels ---------------------------------------------------------------------
+
+K3_OPEN, K3_CLOSE, K3_SEP = "<|open|>", "<|close|>", "<|sep|>"
+
+
+def k3(tag: str, closing: bool = False) -> str:
+    return f"{K3_CLOSE if closing else K3_OPEN}{tag}{K3_SEP}"
+
+
+@pytest.mark.parametrize("feed", [lambda s: [s], chars], ids=["whole", "by-char"])
+@pytest.mark.parametrize(
+    ("output", "in_reasoning", "expected"),
+    [
+        # The template's turn: think, response, tools; the generation prompt opened think.
+        (
+            f"plan{k3('think', True)}{k3('response')}Answer.{k3('response', True)}{k3('tools')}calls",
+            True,
+            [("Thinking", "plan"), ("Text", f"Answer.{k3('tools')}calls")],
+        ),
+        # The think channel left for the tools channel without closing (a forced call).
+        (
+            f"plan{k3('tools')}calls{k3('tools', True)}",
+            True,
+            [("Thinking", "plan"), ("Text", f"{k3('tools')}calls{k3('tools', True)}")],
+        ),
+        (f"plan{k3('response')}Answer.", True, [("Thinking", "plan"), ("Text", "Answer.")]),
+        # Thinking off: the response channel's content, without its wrappers.
+        (f"{k3('response')}Answer.{k3('response', True)}{k3('message', True)}", False, [("Text", "Answer.")]),
+        (f"{k3('think')}a{k3('think', True)}b", False, [("Thinking", "a"), ("Text", "b")]),
+        ("Answer <|open|>respo", False, [("Text", "Answer <|open|>respo")]),
+    ],
+)
+def test_kimi_k3_channels(
+    feed: Callable[[str], list[str]], output: str, in_reasoning: bool, expected: list[tuple[str, str]]
+) -> None:
+    assert shape(parse("kimi_k3", feed(output), in_reasoning)) == expected

@@ -44,7 +44,8 @@ Event = dict[str, Any]
         ("moonshotai/Kimi-K2-Thinking", "kimi_thinking"),
         ("moonshotai/Kimi-K2.5", "kimi_k25"),
         ("moonshotai/Kimi-K2-Instruct", "kimi"),
-        ("moonshotai/Kimi-K3", None),  # kimi_k3 matches first and is not implemented: not "kimi"
+        ("moonshotai/Kimi-K3", "kimi_k3"),  # matched before "kimi"
+        ("moonshotai/Kimi_K3-Preview", "kimi_k3"),
         ("stepfun-ai/step3", "step3"),
         ("MiniMaxAI/MiniMax-M2", "minimax"),
         ("CohereLabs/c4ai-command-a-03-2025", "cohere_cmd"),
@@ -61,7 +62,7 @@ def test_detection(model: str, parser: str | None) -> None:
 
 def test_every_detected_name_is_registered_or_known_unimplemented() -> None:
     names = {name for _, name in DETECTION_PATTERNS}
-    assert names - set(REASONING_PARSERS) == {"kimi_k3", "inkling"}
+    assert names - set(REASONING_PARSERS) == {"inkling"}
     assert {"passthrough", "base"} <= set(REASONING_PARSERS)
 
 

@@ -86,6 +86,42 @@ CASES = [
         'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]',
         "Sure. ",
     ),
+    (
+        "deepseek",
+        "deepseek32",
+        'Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="unit" string="true">celsius</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        "Let me check.\n\n",
+    ),
+    (
+        "deepseek",
+        "deepseek_v4",
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="unit" string="true">celsius</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        None,
+    ),
+    (
+        "qwen3",
+        "kimi_k3",
+        "Let me check.<|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="get_weather" index="1"<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+        '<|open|>argument key="unit" type="string"<|sep|>celsius<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>",
+        "Let me check.",
+    ),
+    (
+        "qwen3",
+        "cohere",
+        "<|START_RESPONSE|>Checking.<|END_RESPONSE|><|START_ACTION|>[\n"
+        '    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}\n'
+        "]<|END_ACTION|>",
+        "Checking.",
+    ),
 ]
 
 
@@ -115,10 +151,20 @@ def test_a_tool_call_through_the_generation(fixture: str, parser: str, output: s
     assert content(generate(fixture, parser, output, stream=False))[:-1] == blocks[:-1]
 
 
-@pytest.mark.parametrize("fixture", ["qwen3", "llama3", "deepseek", "mistral"])
-def test_text_that_only_looks_like_a_call_start_is_kept(fixture: str) -> None:
-    parser = {"qwen3": "qwen", "llama3": "llama", "deepseek": "deepseek31", "mistral": "mistral"}[fixture]
-    marker = {"qwen3": "<tool", "llama3": "<|python", "deepseek": "<｜tool▁", "mistral": "[TOOL"}[fixture]
+@pytest.mark.parametrize(
+    ("fixture", "parser", "marker"),
+    [
+        ("qwen3", "qwen", "<tool"),
+        ("llama3", "llama", "<|python"),
+        ("deepseek", "deepseek31", "<｜tool▁"),
+        ("mistral", "mistral", "[TOOL"),
+        ("deepseek", "deepseek32", "<｜DSML｜func"),
+        ("deepseek", "deepseek_v4", "<｜DS"),
+        ("qwen3", "kimi_k3", "<|open|>to"),
+        ("qwen3", "cohere", "<|START_AC"),
+    ],
+)
+def test_text_that_only_looks_like_a_call_start_is_kept(fixture: str, parser: str, marker: str) -> None:
     output = f"The answer is 42. {marker}"
     events = generate(fixture, parser, output)
     assert content(events) == [{"type": "text", "text": output}]

@@ -102,6 +102,13 @@ DS = {
 KS, KE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 KC, KA, KCE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 MM, MME = "<minimax:tool_call>", "</minimax:tool_call>"
+D = "｜DSML｜"
+DSML_BLOCK = {"deepseek32": "function_calls", "deepseek_v4": "tool_calls"}
+XO, XC, XS = "<|open|>", "<|close|>", "<|sep|>"
+K3T, K3TE = f"{XO}tools{XS}", f"{XC}tools{XS}"
+K3_WRAPPERS = (f"{XO}response{XS}", f"{XC}response{XS}", f"{XC}message{XS}")
+CA, CAE = "<|START_ACTION|>", "<|END_ACTION|>"
+COHERE_WRAPPERS = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
 
 PARIS = {"city": "Paris", "days": 3}
 QUERY = {"query": 'rust "async" \\ runtime\n', "limit": 5, "filters": {"lang": ["en", "fr"], "x": None}}
@@ -137,6 +144,41 @@ def kimi_call(name: str, n: int, args: dict[str, Any]) -> str:
 def mm_invoke(name: str, params: dict[str, str]) -> str:
     body = "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in params.items())
     return f'<invoke name="{name}">\n{body}</invoke>\n'
+
+
+def dsml_invoke(name: str, args: dict[str, Any]) -> str:
+    """As DeepSeek's encoder writes a call: strings verbatim, other values as JSON."""
+    params = [
+        f'<{D}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+        f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</{D}parameter>"
+        for k, v in args.items()
+    ]
+    return f'<{D}invoke name="{name}">\n' + "\n".join(params) + f"\n</{D}invoke>"
+
+
+def dsml(parser: str, *invokes: str) -> str:
+    block = DSML_BLOCK[parser]
+    return f"<{D}{block}>\n" + "\n".join(invokes) + f"\n</{D}{block}>"
+
+
+def k3_call(name: str, index: int, args: dict[str, Any]) -> str:
+    """As Kimi-K3's template writes a call: the type is the value's, strings verbatim."""
+    kinds = {bool: "boolean", str: "string", dict: "object", list: "array", type(None): "null"}
+    body = "".join(
+        f'{XO}argument key="{k}" type="{kinds.get(type(v), "number")}"{XS}'
+        f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}{XC}argument{XS}"
+        for k, v in args.items()
+    )
+    return f'{XO}call tool="{name}" index="{index}"{XS}{body}{XC}call{XS}'
+
+
+def k3(*calls: str) -> str:
+    return K3T + "".join(calls) + K3TE
+
+
+def cohere_action(calls: list[Call]) -> str:
+    items = [{"tool_call_id": str(i), "tool_name": n, "parameters": a} for i, (n, a) in enumerate(calls)]
+    return CA + "[\n    " + ",\n    ".join(json.dumps(item) for item in items) + "\n]" + CAE
 
 
 # (parser, model output, expected text, expected calls)
@@ -346,6 +388,107 @@ CASES: list[tuple[str, str, str, list[Call]]] = [
         [("search", {"query": "a <b> & 1", "limit": 2, "x": [1, 2], "y": True})],
     ),
     ("minimax_m2", MM + "<invoke>oops</invoke>" + MME, MM + "<invoke>oops</invoke>" + MME, []),
+    # deepseek32 / deepseek_v4 (DSML)
+    (
+        "deepseek32",
+        "Let me check.\n\n" + dsml("deepseek32", dsml_invoke("get_weather", PARIS), dsml_invoke("noop", {})),
+        "Let me check.\n\n",
+        [("get_weather", PARIS), ("noop", {})],
+    ),
+    ("deepseek32", dsml("deepseek32", dsml_invoke("search", QUERY)), "", [("search", QUERY)]),
+    (
+        "deepseek_v4",
+        dsml("deepseek_v4", dsml_invoke("search", {"query": " <b> & 'x'\n", "limit": 2, "tags": ["a"]})) + "\nDone.",
+        "Done.",
+        [("search", {"query": " <b> & 'x'\n", "limit": 2, "tags": ["a"]})],
+    ),
+    (
+        "deepseek_v4",
+        dsml("deepseek_v4", f'<{D}invoke name="get_weather">\n{json.dumps(PARIS)}\n</{D}invoke>'),
+        "",
+        [("get_weather", PARIS)],
+    ),
+    (
+        "deepseek32",
+        dsml(
+            "deepseek32",
+            f'<{D}invoke name="search">\n<{D}parameter name="limit" string="false">many</{D}parameter>\n'
+            f'<{D}parameter name="query">7</{D}parameter>\n</{D}invoke>',
+        ),
+        "",
+        [("search", {"limit": "many", "query": "7"})],
+    ),
+    (
+        "deepseek_v4",
+        f'<{D}tool_calls>\n<{D}invoke name="search">\n<{D}parameter name="query" string="true">cut sh',
+        "",
+        [("search", {"query": "cut sh"})],
+    ),
+    ("deepseek_v4", dsml("deepseek32", dsml_invoke("noop", {})), dsml("deepseek32", dsml_invoke("noop", {})), []),
+    ("deepseek32", dsml("deepseek_v4", dsml_invoke("noop", {})), dsml("deepseek_v4", dsml_invoke("noop", {})), []),
+    (
+        "deepseek32",
+        f'<{D}function_calls>\n<{D}invoke name="">x</{D}invoke>',
+        f'<{D}function_calls>\n<{D}invoke name="">x</{D}invoke>',
+        [],
+    ),
+    ("deepseek32", f"<{D}function_calls>not a call", f"<{D}function_calls>not a call", []),
+    ("deepseek_v4", "x <｜DSML｜tool_ca", "x <｜DSML｜tool_ca", []),
+    # kimi_k3 (XTML)
+    (
+        "kimi_k3",
+        "Sure." + K3_WRAPPERS[1] + k3(k3_call("get_weather", 1, PARIS), k3_call("noop", 2, {})) + K3_WRAPPERS[2],
+        "Sure.",
+        [("get_weather", PARIS), ("noop", {})],
+    ),
+    ("kimi_k3", k3(k3_call("search", 1, QUERY)), "", [("search", QUERY)]),
+    (
+        "kimi_k3",
+        k3(
+            f'{XO}call tool="search" index="1"{XS}{XO}json type="object"{XS}{json.dumps(QUERY)}{XC}json{XS}{XC}call{XS}'
+        ),
+        "",
+        [("search", QUERY)],
+    ),
+    (
+        "kimi_k3",
+        k3(
+            f'{XO}call tool="a&amp;b&quot;c" index="1"{XS}{XO}argument key="k&amp;q"{XS}v{XC}argument{XS}'
+            f'{XO}argument key="n" type="number"{XS}not-json{XC}argument{XS}{XC}call{XS}'
+        ),
+        "",
+        [('a&b"c', {"k&q": "v", "n": "not-json"})],
+    ),
+    (
+        "kimi_k3",
+        K3T + f'{XO}call tool="search" index="1"{XS}{XO}argument key="query" type="string"{XS}par',
+        "",
+        [("search", {"query": "par"})],
+    ),
+    ("kimi_k3", k3(f"{XO}call{XS}{XC}call{XS}"), k3(f"{XO}call{XS}{XC}call{XS}"), []),
+    ("kimi_k3", K3T + "not a call", K3T + "not a call", []),
+    # An opening tag longer than any a template writes is not one.
+    (
+        "kimi_k3",
+        k3(f'{XO}call tool="{"a" * 600}"{XS}{XC}call{XS}'),
+        k3(f'{XO}call tool="{"a" * 600}"{XS}{XC}call{XS}'),
+        [],
+    ),
+    ("kimi_k3", "x <|open|>too", "x <|open|>too", []),
+    # cohere
+    (
+        "cohere",
+        "Checking." + cohere_action([("get_weather", PARIS), ("noop", {})]),
+        "Checking.",
+        [("get_weather", PARIS), ("noop", {})],
+    ),
+    ("cohere", cohere_action([("search", QUERY)]) + "\nAfter.", "After.", [("search", QUERY)]),
+    ("cohere", CA + '{"tool_name": "noop"}' + CAE, "", [("noop", {})]),
+    ("cohere", CA + '{"name": "search", "arguments": {"query": "x"}}' + CAE, "", [("search", {"query": "x"})]),
+    ("cohere", CA + '[{"tool_name": "search", "parameters": {"query": "cu', "", [("search", {"query": "cu"})]),
+    ("cohere", CA + '{"tool_name": invalid}' + CAE, CA + '{"tool_name": invalid}' + CAE, []),
+    ("cohere", CA + "I will search." + CAE, CA + "I will search." + CAE, []),
+    ("cohere", "a <|START_ACT", "a <|START_ACT", []),
     # passthrough
     ("passthrough", qwen_call("noop", {}), qwen_call("noop", {}), []),
 ]
@@ -457,6 +600,26 @@ BROKEN: list[tuple[str, str, list[str]]] = [
         [MM, MME, '<invoke name="', '">'],
     ),
     ("pythonic", "[noop(), get_weather(1)] done", ["[", "(", ")"]),
+    (
+        "deepseek32",
+        dsml("deepseek32", f'<{D}invoke name="noop">\nstray words\n</{D}invoke>'),
+        [f"<{D}function_calls>", f"</{D}function_calls>", f'<{D}invoke name="', '">'],
+    ),
+    (
+        "deepseek_v4",
+        dsml("deepseek_v4", f'<{D}invoke name="search">\n{{"query": "x",, }}\n</{D}invoke>') + " end",
+        [f"<{D}tool_calls>", f"</{D}tool_calls>", f'<{D}invoke name="', '">', f"</{D}invoke>"],
+    ),
+    (
+        "kimi_k3",
+        k3(f'{XO}call tool="noop" index="1"{XS}stray words{XC}call{XS}'),
+        [K3T, K3TE, f'{XO}call tool="', f'" index="1"{XS}'],
+    ),
+    (
+        "cohere",
+        CA + '[{"tool_name": "search", "parameters": {"limit": 2 3}}]' + CAE + " end",
+        [CA, CAE, '[{"tool_name": "', '", "parameters": '],
+    ),
 ]
 
 
@@ -506,6 +669,10 @@ def test_text_goes_out_before_a_call_completes() -> None:
         ("kimik2", KS + kimi_call("search", 0, {"query": "stream me please"})),
         ("qwen_xml", xml_call("search", {"query": "stream me please"})),
         ("glm47_moe", glm_call("search", {"query": "stream me please"}, newlines=False)),
+        ("deepseek32", dsml("deepseek32", dsml_invoke("search", {"query": "stream me please"}))),
+        ("deepseek_v4", dsml("deepseek_v4", f'<{D}invoke name="search">{{"query": "stream me please"}}</{D}invoke>')),
+        ("kimi_k3", k3(k3_call("search", 1, {"query": "stream me please"}))),
+        ("cohere", cohere_action([("search", {"query": "stream me please"})])),
     ],
 )
 def test_arguments_stream_and_every_prefix_stays_closable(name: str, output: str) -> None:
@@ -587,6 +754,57 @@ FRAGMENTS: dict[str, list[str]] = {
     "glm47_moe": [QC, QE, "noop", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>", "b c", " "],
     "kimik2": [KS, KE, KC, "functions.noop:0", KA, '{"a": 1', "}", KCE, "x", " "],
     "minimax_m2": [MM, MME, '<invoke name="noop">', "</invoke>", '<parameter name="a">', "</parameter>", "1", "x"],
+    "deepseek32": [
+        f"<{D}function_calls>",
+        f"</{D}function_calls>",
+        f'<{D}invoke name="noop">',
+        f"</{D}invoke>",
+        f'<{D}parameter name="a" string="true">',
+        f'<{D}parameter name="b" string="false">',
+        f"</{D}parameter>",
+        "1",
+        "{",
+        "}",
+        "x",
+    ],
+    "deepseek_v4": [
+        f"<{D}tool_calls>",
+        f"</{D}tool_calls>",
+        f'<{D}invoke name="noop">',
+        f"</{D}invoke>",
+        f'<{D}parameter name="a" string="true">',
+        f"</{D}parameter>",
+        '{"a": 1}',
+        "x",
+    ],
+    "kimi_k3": [
+        K3T,
+        K3TE,
+        f'{XO}call tool="noop" index="1"{XS}',
+        f"{XC}call{XS}",
+        f'{XO}argument key="a" type="string"{XS}',
+        f'{XO}argument key="b" type="number"{XS}',
+        f"{XC}argument{XS}",
+        f'{XO}json type="object"{XS}',
+        f"{XC}json{XS}",
+        *K3_WRAPPERS,
+        "1",
+        "{}",
+        "x",
+    ],
+    "cohere": [
+        CA,
+        CAE,
+        "[",
+        "]",
+        '{"tool_name": "noop", "parameters": {',
+        '"a": 1',
+        "}}",
+        ",",
+        *COHERE_WRAPPERS,
+        "x",
+        " ",
+    ],
     "passthrough": [QC, "x", " "],
 }
 
@@ -594,6 +812,15 @@ FRAGMENTS: dict[str, list[str]] = {
 def outputs(name: str) -> st.SearchStrategy[str]:
     pieces = st.one_of(st.sampled_from(FRAGMENTS[name]), st.text(alphabet='ab <>{}[]"\\\n', max_size=3))
     return st.lists(pieces, max_size=14).map("".join)
+
+
+# The channel wrappers a format drops from its text.
+WRAPPERS = {"kimi_k3": K3_WRAPPERS, "cohere": COHERE_WRAPPERS}
+
+
+def unwrapped(name: str, text: str) -> str:
+    wrappers = WRAPPERS.get(name)
+    return re.sub("|".join(map(re.escape, wrappers)), "", text) if wrappers else text
 
 
 @pytest.mark.parametrize("name", sorted(FRAGMENTS))
@@ -607,7 +834,7 @@ def test_fuzzed_outputs_parse_the_same_however_cut(name: str, data: st.DataObjec
     assert result(run(name, chunked(output, cuts))) == whole
     assert result(run(name, list(output))) == whole
     if not whole[1]:
-        assert whole[0] == output  # no call: the text is the output, exactly
+        assert whole[0] == unwrapped(name, output)  # no call: the text is the output, exactly
     assert all(isinstance(p, (Text, ToolCall, ToolArgs)) for p in one)
 
 
@@ -647,11 +874,15 @@ def _json_output(name: str, calls: list[Call]) -> str:
         return DS["calls"] + "".join(ds31_call(n, a) for n, a in calls) + DS["calls_end"]
     if name == "kimik2":
         return KS + "".join(kimi_call(n, i, a) for i, (n, a) in enumerate(calls)) + KE
+    if name == "cohere":
+        return cohere_action(calls)
     assert name == "pythonic"
     return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
 
 
-@pytest.mark.parametrize("name", ["qwen", "json", "llama", "mistral", "deepseek", "deepseek31", "kimik2", "pythonic"])
+@pytest.mark.parametrize(
+    "name", ["qwen", "json", "llama", "mistral", "deepseek", "deepseek31", "kimik2", "cohere", "pythonic"]
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_generated_json_calls(name: str, data: st.DataObject) -> None:
@@ -669,13 +900,19 @@ def test_generated_json_calls(name: str, data: st.DataObject) -> None:
 _values = st.text(alphabet=st.characters(exclude_characters="<"), max_size=12)
 
 
-@pytest.mark.parametrize("name", ["qwen_xml", "glm45_moe", "glm47_moe", "minimax_m2"])
+@pytest.mark.parametrize(
+    "name", ["qwen_xml", "glm45_moe", "glm47_moe", "minimax_m2", "deepseek32", "deepseek_v4", "kimi_k3"]
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_generated_xml_calls(name: str, data: st.DataObject) -> None:
     count = data.draw(st.integers(1, 3))
     params = [(data.draw(_values), data.draw(st.integers(-99, 99))) for _ in range(count)]
-    if name == "qwen_xml":
+    if name in DSML_BLOCK:
+        body = dsml(name, *(dsml_invoke("search", {"query": q, "limit": n}) for q, n in params))
+    elif name == "kimi_k3":
+        body = k3(*(k3_call("search", i + 1, {"query": q, "limit": n}) for i, (q, n) in enumerate(params)))
+    elif name == "qwen_xml":
         body = "".join(xml_call("search", {"query": q, "limit": str(n)}) for q, n in params)
     elif name == "minimax_m2":
         invokes = [
@@ -689,9 +926,10 @@ def test_generated_xml_calls(name: str, data: st.DataObject) -> None:
     before = data.draw(prose)
     output = before + body
     cuts = data.draw(st.lists(st.integers(0, len(output)), max_size=20))
-    # qwen_xml writes the template's newlines around a value; the others write it bare, so a
-    # newline the value itself starts or ends with is taken for the template's.
-    query = (lambda q: q) if name == "qwen_xml" else strip_newlines
+    # qwen_xml writes the template's newlines around a value, and DSML and XTML write values
+    # verbatim; the others write it bare, so a newline the value itself starts or ends with is
+    # taken for the template's.
+    query = (lambda q: q) if name in ("qwen_xml", "deepseek32", "deepseek_v4", "kimi_k3") else strip_newlines
     expected = [("search", {"query": query(q), "limit": n}) for q, n in params]
     assert result(run(name, chunked(output, cuts))) == (before if before.strip() else "", expected)
 

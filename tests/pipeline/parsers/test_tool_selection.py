@@ -9,7 +9,6 @@ from smg.pipeline.generation import Text, ToolArgs, ToolCall
 from smg.pipeline.parsers.tools import (
     MODEL_PATTERNS,
     TOOL_PARSERS,
-    UNIMPLEMENTED,
     detect_tool_parser,
     has_tool_parser,
     make_tool_parser,
@@ -29,13 +28,17 @@ NAMES = {
     "mistral",
     "deepseek",
     "deepseek31",
+    "deepseek32",
+    "deepseek_v4",
     "glm45_moe",
     "glm47_moe",
     "kimik2",
+    "kimi_k3",
     "minimax_m2",
     "sarashina",
     "step3",
     "inkling",
+    "cohere",
     "passthrough",
 }
 
@@ -43,9 +46,8 @@ NAMES = {
 def test_registry_names() -> None:
     assert set(TOOL_PARSERS) == NAMES
     assert TOOL_PARSERS["qwen_coder"] is TOOL_PARSERS["qwen_xml"] is TOOL_PARSERS["nemotron"]
-    assert not UNIMPLEMENTED & NAMES
-    # Every name the table can yield is either implemented or listed as not.
-    assert {parser for _, parser in MODEL_PATTERNS} <= NAMES | UNIMPLEMENTED
+    # Every name the table can yield has a parser.
+    assert {parser for _, parser in MODEL_PATTERNS} <= NAMES
 
 
 @pytest.mark.parametrize(
@@ -94,6 +96,15 @@ def test_registry_names() -> None:
         ("MiniMaxAI/MiniMax-M2", "minimax_m2"),
         ("CohereForAI/c4ai-command-r-plus", "cohere"),
         ("command-a-03-2025", "cohere"),
+        # The families with their own parsers, by every spelling of their rows.
+        ("deepseek-v3.2", "deepseek32"),
+        ("deepseek-ai/DeepSeek-V3.2-Speciale", "deepseek32"),
+        ("deepseek-v4-pro", "deepseek_v4"),
+        ("Kimi-K3-Instruct", "kimi_k3"),
+        ("Kimi_K3", "kimi_k3"),
+        ("CohereLabs/c4ai-command-r7b-12-2024", "cohere"),
+        ("CohereForAI/c4ai-command-a-03-2025", "cohere"),
+        ("cohere-command-x", "cohere"),
     ],
 )
 def test_detection(model: str, parser: str) -> None:
@@ -111,8 +122,8 @@ def test_an_exact_key_matches_first() -> None:
     assert detect_tool_parser("qwen*") == "qwen"
 
 
-def test_unimplemented_and_unknown_names_fall_back_to_passthrough() -> None:
-    for name in [*UNIMPLEMENTED, "no-such-parser"]:
+def test_unknown_names_fall_back_to_passthrough() -> None:
+    for name in ["no-such-parser", ""]:
         parser = make_tool_parser(name, [])
         assert isinstance(parser, PassthroughParser)
         assert not has_tool_parser(name)

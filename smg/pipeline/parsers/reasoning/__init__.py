@@ -22,6 +22,7 @@ __all__ = [
     "MarkerParser",
     "detect_reasoning_parser",
     "make_reasoning_parser",
+    "needs_special_tokens",
     "start_in_prompt",
     "starts_in_reasoning",
 ]
@@ -30,8 +31,7 @@ _ALL: tuple[type[MarkerParser], ...] = (MarkerParser, *PARSER_CLASSES)
 REASONING_PARSERS: Mapping[str, type[MarkerParser]] = MappingProxyType({cls.name: cls for cls in _ALL})
 
 # behaviors.md §F.7, in order: a case-insensitive substring of the model id, first match wins.
-# `kimi_k3` and `inkling` are listed although not implemented, so that their ids stop here
-# instead of falling through to `kimi`.
+# `inkling` is listed although not implemented, so that its ids stop here.
 DETECTION_PATTERNS: tuple[tuple[str, str], ...] = (
     ("deepseek-r1", "deepseek_r1"),
     ("deepseek-v4", "deepseek_v4"),
@@ -82,6 +82,13 @@ def _parser_class(name: str) -> type[MarkerParser]:
         return REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}") from None
+
+
+def needs_special_tokens(name: str) -> bool:
+    """Whether the parser's markers are special tokens the detokenizer must keep (unknown
+    names: no)."""
+    cls = REASONING_PARSERS.get(name)
+    return cls is not None and cls.special_tokens
 
 
 def start_in_prompt(name: str, prompt_text: str) -> bool:

@@ -36,6 +36,9 @@ class MarkerParser:
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
     default_in_reasoning: ClassVar[bool] = False
+    # Whether the markers are special tokens, kept in the text for this parser (and so read
+    # even when thinking is off, as the reference does for such formats).
+    special_tokens: ClassVar[bool] = False
 
     def __init__(self, in_reasoning: bool, *, start_consumed: bool = False) -> None:
         self.in_reasoning = in_reasoning
@@ -80,7 +83,7 @@ class MarkerParser:
                 i, marker = min(hits)
                 self._emit(text[:i], out)
                 text = text[i + len(marker) :]
-                self._cross(marker)
+                self._emit(self._cross(marker), out)
                 continue
             keep = _partial_marker_len(text, markers)
             self._emit(text[: len(text) - keep], out)
@@ -95,7 +98,9 @@ class MarkerParser:
             markers.append(self.start)
         return markers
 
-    def _cross(self, marker: str) -> None:
+    def _cross(self, marker: str) -> str:
+        """Take the state change of `marker`; what it stands for in the new section (markers
+        themselves are not text)."""
         if marker == self.end:
             self.in_reasoning = False
             self._strip_answer = True
@@ -104,6 +109,7 @@ class MarkerParser:
             self.in_reasoning = True
             self._strip_answer = False
         self._leads = self._lead_chars()
+        return ""
 
     def _lead_chars(self) -> tuple[str, ...]:
         """The first characters of the live markers: text with none of them cannot hold one."""

@@ -3,7 +3,8 @@ reasoning (behaviors.md §F.8). They differ only in those facts; the parsing is 
 
 `deepseek_v4` is here as well because it is the plain `<think>` format: the reference arms it
 when the prompt prefills `<think>`, which `starts_in_reasoning` reads from the prompt. `kimi_k3`
-and `inkling` are not marker formats and are not implemented.
+is Kimi-K3's XTML `think` channel, with the channel rules of its own class. `inkling` is not a
+marker format and is not implemented.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from smg.pipeline.generation import Piece
 from smg.pipeline.parsers.reasoning.base import MarkerParser
+from smg.pipeline.parsers.tools import kimik3 as xtml
 
 
 class DeepSeekR1Parser(MarkerParser):
@@ -75,6 +77,32 @@ class CohereCmdParser(MarkerParser):
     end = "<|END_THINKING|>"
 
 
+class KimiK3Parser(MarkerParser):
+    """Kimi-K3's `think` channel: `<|open|>think<|sep|>` … `<|close|>think<|sep|>` (the
+    generation prompt opens it in thinking mode). The channel also ends where a sibling channel
+    opens without closing it first: the `tools` channel's opening is passed on for the tool
+    parser, the `response` wrapper dropped. Outside reasoning the `response` and `message`
+    wrappers are not text either."""
+
+    name = "kimi_k3"
+    special_tokens = True
+    start = f"{xtml.OPEN}think{xtml.SEP}"
+    end = xtml.THINK_CLOSE
+    siblings = (xtml.TOOLS_OPEN, xtml.RESPONSE_OPEN)
+    wrappers = (xtml.RESPONSE_OPEN, xtml.RESPONSE_CLOSE, f"{xtml.OPEN}message{xtml.SEP}", xtml.MESSAGE_CLOSE)
+
+    def _live_markers(self) -> list[str]:
+        return super()._live_markers() + list(self.siblings if self.in_reasoning else self.wrappers)
+
+    def _cross(self, marker: str) -> str:
+        if marker == self.start or marker == self.end:
+            return super()._cross(marker)
+        if not self.in_reasoning:
+            return ""  # a wrapper
+        super()._cross(self.end)
+        return marker if marker == xtml.TOOLS_OPEN else ""
+
+
 class PassthroughParser(MarkerParser):
     """No reasoning extraction: every piece goes through unchanged, whatever the prompt said."""
 
@@ -101,5 +129,6 @@ PARSER_CLASSES: tuple[type[MarkerParser], ...] = (
     DeepSeekV4Parser,
     NanoV3Parser,
     CohereCmdParser,
+    KimiK3Parser,
     PassthroughParser,
 )

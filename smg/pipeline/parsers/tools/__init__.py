@@ -2,22 +2,24 @@
 `ToolArgs` pieces (behaviors.md §C.2, §D.2, §F.7, §F.8), the registry of them by name, the
 auto-detection table, and the readers of JSON-schema-constrained output (§F.3).
 
-`make_tool_parser(name, tools)` builds a fresh parser for one generation. Names the detection
-table can yield but that are not implemented here (`UNIMPLEMENTED`) — and any other unknown
-name — get `passthrough`: the output stays text.
+`make_tool_parser(name, tools)` builds a fresh parser for one generation. Every name the
+detection table can yield has one; an unknown name gets `passthrough`: the output stays text.
 """
 
 from __future__ import annotations
 
 from smg.pipeline.generation import TextStage
 from smg.pipeline.parsers.tools.base import IdFactory, ToolParser, Tools, client_tool_use_id, random_tool_use_id
+from smg.pipeline.parsers.tools.cohere import CohereParser
 from smg.pipeline.parsers.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from smg.pipeline.parsers.tools.deepseek_dsml import DeepSeekV4Parser, DeepSeekV32Parser
 from smg.pipeline.parsers.tools.detect import MODEL_PATTERNS, detect_tool_parser
 from smg.pipeline.parsers.tools.forced import parse_forced_any, parse_forced_tool
 from smg.pipeline.parsers.tools.glm import Glm45Parser, Glm47Parser
 from smg.pipeline.parsers.tools.inkling import InklingParser
 from smg.pipeline.parsers.tools.jsonish import JsonParser, LlamaParser
 from smg.pipeline.parsers.tools.kimik2 import KimiK2Parser
+from smg.pipeline.parsers.tools.kimik3 import KimiK3Parser
 from smg.pipeline.parsers.tools.minimax import MinimaxM2Parser
 from smg.pipeline.parsers.tools.mistral import MistralParser
 from smg.pipeline.parsers.tools.passthrough import PassthroughParser
@@ -37,18 +39,19 @@ TOOL_PARSERS: dict[str, type[ToolParser] | type[PassthroughParser]] = {
     "mistral": MistralParser,
     "deepseek": DeepSeekV3Parser,
     "deepseek31": DeepSeekV31Parser,
+    "deepseek32": DeepSeekV32Parser,
+    "deepseek_v4": DeepSeekV4Parser,
     "glm45_moe": Glm45Parser,
     "glm47_moe": Glm47Parser,
     "kimik2": KimiK2Parser,
+    "kimi_k3": KimiK3Parser,
     "minimax_m2": MinimaxM2Parser,
     "sarashina": SarashinaParser,
     "step3": Step3Parser,
     "inkling": InklingParser,
+    "cohere": CohereParser,
     "passthrough": PassthroughParser,
 }
-
-# Names the reference registers (and §F.7 can detect) that have no parser here.
-UNIMPLEMENTED = frozenset({"deepseek32", "deepseek_v4", "kimi_k3", "cohere"})
 
 
 def has_tool_parser(name: str) -> bool:
@@ -67,7 +70,6 @@ def make_tool_parser(name: str, tools: Tools | None = None, *, new_id: IdFactory
 __all__ = [
     "MODEL_PATTERNS",
     "TOOL_PARSERS",
-    "UNIMPLEMENTED",
     "IdFactory",
     "ToolParser",
     "client_tool_use_id",

@@ -45,6 +45,9 @@ class XmlCallParser(ToolParser):
     # `values.strip_newlines` does for a whole value); a format whose template writes its own
     # "\n" around every value gives up exactly that one character.
     crlf_closing = True
+    # Whether the template puts a newline after the opening tag and before the closing one that
+    # is not part of the value; a format that writes values verbatim keeps every character.
+    value_newlines = True
 
     # The call being read: its parameters' declared types and how many members went out; the
     # parameter being read: its name, type, whether it streams, and what of it is held.
@@ -71,15 +74,19 @@ class XmlCallParser(ToolParser):
         self._args("}" if self._members else "{}")
         self._close_call()
 
-    def _start_value(self, key: str) -> None:
+    def _start_value(self, key: str, declared: str | None = None) -> None:
+        """Read the value of parameter `key`; its type is `declared` when the format writes one
+        (the tool's schema decides otherwise)."""
         self._key = key
-        self._declared = self._types.get(key)
+        self._declared = declared if declared is not None else self._types.get(key)
         self._streaming = self.stream_strings and self._declared == "string"
         self._value_begun = False
         self._value = []
-        # The template's newline before the closing tag may be CRLF: hold it whole, drop it whole.
-        newlines = ("\n", "\r\n") if self.crlf_closing else ("\n",)
-        self._holds = self.value_ends + tuple(nl + end for nl in newlines for end in self.value_ends)
+        self._holds = self.value_ends
+        if self.value_newlines:
+            # The template's newline before the closing tag may be CRLF: hold it whole, drop it whole.
+            newlines = ("\n", "\r\n") if self.crlf_closing else ("\n",)
+            self._holds += tuple(nl + end for nl in newlines for end in self.value_ends)
         self.mode = "value"
 
     def _decode(self, text: str) -> str:
@@ -87,13 +94,13 @@ class XmlCallParser(ToolParser):
 
     def _step_value(self) -> bool:
         if self._streaming and not self._value_begun:
-            if not self._buf or self._buf == "\r":
+            if not self._buf or (self.value_newlines and self._buf == "\r"):
                 return False
             self._args(self._member(self._key) + '"')
             self._value_begun = True
-            if self._buf.startswith("\n"):
+            if self.value_newlines and self._buf.startswith("\n"):
                 self._consume(1)
-            elif self._buf.startswith("\r\n"):
+            elif self.value_newlines and self._buf.startswith("\r\n"):
                 self._consume(2)
             return True
         i, end = find_first(self._buf, self.value_ends)
@@ -104,7 +111,9 @@ class XmlCallParser(ToolParser):
             return False
         text = self._consume(i)
         if self._streaming:
-            self._args(_escaped(_without_closing_newline(text, self.crlf_closing)) + '"')
+            if self.value_newlines:
+                text = _without_closing_newline(text, self.crlf_closing)
+            self._args(_escaped(text) + '"')
         else:
             self._finish_value("".join(self._value) + text)
         if end == self.value_ends[0]:
