@@ -215,10 +215,11 @@ def test_show_renders_engine_events(traffic: Traffic) -> None:
     assert f"input_tokens={n}" in counted.output and "no engine call" in counted.output
 
 
-def test_show_json_is_the_json_export(traffic: Traffic) -> None:
+def test_show_json_is_the_json_export_with_the_answer_and_the_waterfall(traffic: Traffic) -> None:
     shown = cli_json("show", "g-count", "-j", str(traffic.journal))
     exported = json.loads(cli("export", "g-count", "-j", str(traffic.journal), "--as", "json").stdout)
-    assert shown == exported
+    assert {k: v for k, v in shown.items() if k not in ("answer", "waterfall")} == exported
+    assert shown["answer"]["status"] == 200 and "render + tokenize" in [s["name"] for s in shown["waterfall"]]
     kinds = ["received", "validated", "routed", "rendered", "counted", "completed"]
     assert [e["kind"] for e in shown["events"]] == kinds
     assert json.loads(shown["response"]["body"]) == traffic.responses["g-count"].json()

@@ -26,7 +26,7 @@ DAY = 86400.0
 def config(**overrides: Any) -> Any:
     settings: dict[str, Any] = {
         "host": "127.0.0.1",
-        "port": 1,
+        "port": 30000,
         "worker_urls": ["http://127.0.0.1:1"],
         "backend": None,
         "model_path": None,
