@@ -12,14 +12,20 @@ The table and its triggers exist only in files that ship (`install`, run when a 
 a sink starts; the first install queues every completed request already in the file, so a
 journal's history ships too). A gateway started without a sink on such a file removes them
 (`uninstall`), saying how many requests are left unshipped, so that a single gateway keeps its
-file exactly as it would without one. They are not part of the journal's schema version:
+file exactly as it would without one, but only while nobody holds the file's ship lock
+(`ship_lock`: a live shipper holds it, and makes sure the queue is installed when it takes
+it). They are not part of the journal's schema version:
 a reader of the file never needs them. Retention (`journal.retention`) never deletes a
 request that is still queued.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +44,29 @@ _OBJECTS = (
     f" WHEN NEW.completed = 1 AND OLD.completed = 0 BEGIN {_QUEUE}; END",
 )
 _CHOSEN = "(SELECT value FROM json_each(?))"
+
+
+def try_ship_lock(path: str) -> int | None:
+    """An fd holding the exclusive ship lock of the journal at `path`, or None when another holds it."""
+    fd = os.open(path + ".ship.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def ship_lock(journal_path: str | os.PathLike[str]) -> Iterator[bool]:
+    """Hold the journal's ship lock for the block if nobody else does; yields whether it is held
+    (False: a live shipper holds it)."""
+    fd = try_ship_lock(os.fspath(journal_path))
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def installed(conn: sqlite3.Connection) -> bool:

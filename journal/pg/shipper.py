@@ -24,7 +24,6 @@ stop a replica's shipping for good; it stays in the local journal.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
@@ -191,12 +190,20 @@ class Shipper:
     def _holds_lock(self) -> bool:
         if self._lock_file is not None:
             return True
-        fd = os.open(self.path + ".ship.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = outbox.try_ship_lock(self.path)
+        if fd is None:
             return False
+        try:
+            # A gateway without a sink may have removed the queue between `start` and now (it
+            # does only while nobody holds the lock): the holder makes sure the file ships.
+            conn = local_schema.connect(self.path)
+            try:
+                outbox.install(conn)
+            finally:
+                conn.close()
+        except BaseException:
+            os.close(fd)
+            raise
         self._lock_file = fd
         return True
 
