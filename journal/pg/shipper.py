@@ -251,7 +251,7 @@ class Shipper:
             return self._one_by_one(pg, batch, exc)
 
     def _shipped(self, local: sqlite3.Connection, batch: ship.Rows, shipped: ship.Shipped) -> None:
-        outbox.done(local, batch.keys)
+        outbox.done(local, batch.queued)
         stats = self._stats
         for request_id in batch.refused:
             stats["refused"] += 1
@@ -265,7 +265,7 @@ class Shipper:
     def _one_by_one(self, pg: psycopg.Connection[Any], batch: ship.Rows, first: Exception) -> ship.Shipped:
         """A batch PostgreSQL refused: each request alone, the ones refused alone logged and left out."""
         log.warning("journal sink: a batch was refused (%s); shipping it one request at a time", first)
-        requests = events = duplicates = 0
+        requests = events = duplicates = updated = 0
         for row in batch.requests:
             rk = row[1]
             single = ship.Rows(
@@ -282,7 +282,8 @@ class Shipper:
             requests += shipped.requests
             events += shipped.events
             duplicates += shipped.duplicates
-        return ship.Shipped(requests, events, duplicates)
+            updated += shipped.updated
+        return ship.Shipped(requests, events, duplicates, updated)
 
     def _refresh_backlog(self, local: sqlite3.Connection, *, force: bool = False) -> None:
         now = time.monotonic()

@@ -280,7 +280,7 @@ def test_a_gateway_without_a_sink_stops_queueing_on_a_file_that_shipped(
     shipping = _replica(worker, journal, sink, "was-shipping")
     shipping.stop()
     conn = sqlite3.connect(journal)
-    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (4,)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (5,)
     conn.close()
     plain = spawn_gateway([worker.url], journal=journal)
     try:

@@ -15,6 +15,7 @@ import pytest
 
 from journal import schema as local_schema
 from journal.pg import outbox, schema
+from journal.events import Completed, Received, Tokens
 from journal.pg.shipper import Shipper
 from journal.retention import prune
 from journal.writer import JournalWriter
@@ -225,3 +226,41 @@ async def test_requests_postgresql_cannot_hold_do_not_stop_the_others(
         assert pg.execute("SELECT day FROM requests WHERE id = 'req_undated'").fetchone() == (date(1970, 1, 1),)
         assert pg.execute("SELECT count(*) FROM requests WHERE id IN ('req_seq', 'req_nul')").fetchone() == (0,)
         assert pg.execute("SELECT count(*) FROM events WHERE seq < 0").fetchone() == (0,)
+
+
+async def test_a_request_closed_as_interrupted_then_completed_ships_again_and_both_journals_agree(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    path = tmp_path / "j.db"
+    live = JournalWriter(path)
+    await live.start()
+    recovering: JournalWriter | None = None
+    try:
+        now = time.time()
+        await live.append("req-late", 1, Received(method="POST", path="/v1/messages", ts=now - 1, t=0.0))
+        await live.append("req-late", 2, Tokens(ids=[1, 2], t=0.1))
+        await live.flush()
+        # The live writer's lock file lost (say, its directory removed by hand): the next
+        # start's recovery takes its request in flight for a dead writer's.
+        assert live._registration is not None
+        live._registration.path.unlink()
+        recovering = JournalWriter(path, recover=True)
+        await recovering.start()
+        await recovering.flush()
+        shipper = _start(started, path, sink, "web-1")
+        until(lambda: shipper.stats["requests_shipped"] == 1, what="the interrupted version shipped")
+        assert _fleet(sink, "web-1")[0]["req-late"][9] == 0  # status: interrupted
+        # Its real completion, written by the live writer afterwards.
+        await live.append("req-late", 5, Completed(status=200, duration_ms=150.0, stop_reason="end_turn", t=0.15))
+        await live.flush()
+        local = _local(path)
+        assert local[0]["req-late"][9] == 200
+        until(lambda: _fleet(sink, "web-1") == local, what="the completed version shipped")
+        until(lambda: shipper.stats["unshipped"] == 0, what="the queue drained")
+        assert _count(sink) == 1
+        with psycopg.connect(sink) as pg:
+            assert pg.execute("SELECT requests FROM replicas").fetchone() == (1,)
+    finally:
+        await live.close()
+        if recovering is not None:
+            await recovering.close()
