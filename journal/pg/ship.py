@@ -2,16 +2,17 @@
 
 One transaction per batch: the batch's rows are COPYed into temporary staging tables (COPY is
 the fastest way into PostgreSQL, several thousand requests a second on one connection), then
-one statement upserts the summary rows on `(replica, id, day)`, updating only a row that
-differs from the one sent, and then the events and text of exactly the rows inserted or updated
-go in (an updated request's old events and text are replaced). A batch sent again after a crash
-(PostgreSQL committed it, the local cursor did not record it) therefore changes nothing; a
-batch half new inserts its new half; a request whose summary changed locally after it shipped
-(`journal.pg.outbox` queues it again) is replaced whole. The replica's row in `replicas` is
-bumped in the same transaction. Values are shipped as the local file stores them; only what
-PostgreSQL cannot hold is changed: a NUL character in text (SQLite keeps it, PostgreSQL text
-cannot) becomes U+FFFD, and a value of the wrong type in an integer or real column (SQLite is
-dynamically typed: an upstream's usage may put a string there) becomes NULL.
+the summary rows are updated where a row differs from the one sent (same replica, id and day)
+and inserted where none is there yet, and then the events and text of exactly the rows inserted
+or updated go in (an updated request's old events and text are replaced). A batch sent again
+after a crash (PostgreSQL committed it, the local cursor did not record it) therefore changes
+nothing; a batch half new inserts its new half; a request whose summary changed locally after
+it shipped (`journal.pg.outbox` queues it again) is replaced whole. The replica's row in
+`replicas` is bumped in the same transaction. Values are shipped as the local file stores them,
+but for secrets an older writer left in clear (`journal.pg.redaction`) and what PostgreSQL
+cannot hold: a NUL character in text (SQLite keeps it, PostgreSQL text cannot) becomes U+FFFD,
+and a value of the wrong type in an integer or real column (SQLite is dynamically typed: an
+upstream's usage may put a string there) becomes NULL.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import psycopg
 
 from journal import schema as local_schema
-from journal.pg import partitions
+from journal.pg import partitions, redaction
 from journal.pg.outbox import Batch
 from journal.pg.schema import INTEGER_COLUMNS, REAL_COLUMNS
 
@@ -167,13 +168,28 @@ class Rows:
 def rows(batch: Batch) -> Rows:
     """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended).
 
-    A request with an event binary COPY would not carry faithfully (a number past the column's
-    32 bits would wrap, not fail) is left out whole, its id in `refused`."""
+    Events that may hold a secret are redacted again (`journal.pg.redaction`: history written
+    before redaction went by rule). A request with an event binary COPY would not carry
+    faithfully (a number past the column's 32 bits would wrap, not fail), or one of those
+    events unreadable, is left out whole, its id in `refused`."""
     bad = {
         rk
         for rk, seq, _, t, _ in batch.events
         if type(seq) is not int or not _INT32 <= seq < -_INT32 or not isinstance(t, int | float)
     }
+    scrubbed = []
+    kinds = redaction.KINDS
+    for event in batch.events:
+        rk, seq, kind, t, data = event
+        if rk in bad:
+            continue
+        if kind in kinds:
+            try:
+                event = (rk, seq, kind, t, redaction.row_data(kind, float(t), data))
+            except Exception:
+                bad.add(rk)  # a row that may hold a secret and cannot be read never ships as it is
+                continue
+        scrubbed.append(event)
     requests, refused = [], []
     for row in batch.requests:
         if row[0] in bad:
@@ -183,7 +199,7 @@ def rows(batch: Batch) -> Rows:
         requests.append((partitions.day_of(values[_TS]), row[0], *values))
     events = [
         (rk, seq, kind, float(t), data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data))
-        for rk, seq, kind, t, data in batch.events
+        for rk, seq, kind, t, data in scrubbed
         if rk not in bad
     ]
     texts = [(rk, _text(body)) for rk, body in batch.texts if rk not in bad]
