@@ -29,18 +29,33 @@ STATUS = 0  # no HTTP status reached the client
 MESSAGE = "the gateway stopped (a crash or a kill) before the request completed; closed at its next start"
 
 
+class RegistrationError(OSError):
+    """This process cannot register as a live writer: it must not write the journal, since
+    another process's recovery would take its requests in flight for a dead writer's."""
+
+
 class Registration:
-    """This process's lock file among the journal's writers (kept locked until `close`)."""
+    """This process's lock file among the journal's writers (kept locked until `close`).
+    Raises `RegistrationError` when it cannot be made."""
 
     def __init__(self, journal: str | os.PathLike[str]) -> None:
         where = Path(journal)
         self.directory = where.parent / f".{where.name}.writers"
-        self.directory.mkdir(exist_ok=True)
         self.started = time.time()
         self.path = self.directory / f"{os.getpid()}-{secrets.token_hex(4)}"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        os.write(self._fd, repr(self.started).encode())
+        try:
+            self.directory.mkdir(exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise RegistrationError(f"cannot register as a live writer in {self.directory}: {exc}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            os.write(self._fd, repr(self.started).encode())
+        except OSError as exc:
+            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            raise RegistrationError(f"cannot register as a live writer in {self.directory}: {exc}") from None
 
     def earliest_live_start(self) -> float:
         """The earliest start among the live writers (this one included); the files of dead

@@ -294,6 +294,9 @@ class JournalWriter:
         try:
             self._conn = await self._in_thread(schema.connect, self.path)  # creates and migrates
             await self._in_thread(self._conn.execute, f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+            # Unregistered, its requests in flight would look like a dead writer's to another
+            # process's recovery: a writer that cannot register does not start.
+            self._registration = await self._in_thread(recovery.Registration, self.path)
         except BaseException:
             if self._conn is not None:
                 self._conn.close()
@@ -307,9 +310,9 @@ class JournalWriter:
             self._retention_task = asyncio.create_task(self._retain(), name=f"journal-retention:{self.path}")
 
     async def _close_orphans(self) -> None:
-        """Register as a live writer; with `recover`, close what dead writers left in flight."""
+        """With `recover`, close what dead writers left in flight."""
+        assert self._registration is not None
         try:
-            self._registration = await self._in_thread(recovery.Registration, self.path)
             if not self._recover:
                 return
             before = await self._in_thread(self._registration.earliest_live_start)

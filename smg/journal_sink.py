@@ -8,7 +8,8 @@ does not answer, credentials it refuses, a database without the smg schema (crea
 `smg journal-sink init URL`) or with a newer one is a `SinkError` (one line; `smg launch`
 exits 2), never a gateway that serves and ships nothing. An older smg schema is migrated then.
 A gateway started without a sink on a file that used to ship stops queueing (saying how many
-requests were left unshipped), so that its file is kept as a single gateway's.
+requests were left unshipped), so that its file is kept as a single gateway's, unless another
+live gateway ships from that file (it holds the file's ship lock): then the queue stays.
 
 With `--workers N` every process runs a shipper on the one shared file; one ships at a time
 (the holder of the file's ship lock), the others stand by and take over if it dies.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,6 @@ def prepare(sink: SinkConfig, journal_path: Path | None) -> None:
 
 
 def _stop_queueing(journal_path: Path) -> None:
-    import sqlite3
-
     from journal.pg import outbox
 
     # A plain connection: the writer migrates the file, and reports what it cannot open, as without a sink.
@@ -109,13 +109,18 @@ def _stop_queueing(journal_path: Path) -> None:
         return
     try:
         conn.execute("PRAGMA busy_timeout=5000")
-        if outbox.installed(conn):
+        if not outbox.installed(conn):
+            return
+        with outbox.ship_lock(journal_path) as held:
+            if not held:  # another live gateway ships from this file: its queue stays
+                log.info("journal sink: %s is shipped by another gateway; its queue is kept", journal_path)
+                return
             left = outbox.uninstall(conn)
-            log.warning(
-                "journal sink: %s no longer ships (no --journal-sink); %d completed requests were never shipped",
-                journal_path,
-                left,
-            )
+        log.warning(
+            "journal sink: %s no longer ships (no --journal-sink); %d completed requests were never shipped",
+            journal_path,
+            left,
+        )
     finally:
         conn.close()
 

@@ -2,14 +2,17 @@
 
 One transaction per batch: the batch's rows are COPYed into temporary staging tables (COPY is
 the fastest way into PostgreSQL, several thousand requests a second on one connection), then
-one statement inserts the summary rows with `ON CONFLICT (replica, id, day) DO NOTHING` and,
-for exactly the rows that were new, their events and text. A batch sent again after a crash
-(PostgreSQL committed it, the local cursor did not record it) therefore inserts nothing; a
-batch half new inserts its new half. The replica's row in `replicas` is bumped in the same
-transaction. Values are shipped as the local file stores them; only what PostgreSQL cannot
-hold is changed: a NUL character in text (SQLite keeps it, PostgreSQL text cannot) becomes
-U+FFFD, and a value of the wrong type in an integer or real column (SQLite is dynamically
-typed: an upstream's usage may put a string there) becomes NULL.
+the summary rows are updated where a row differs from the one sent (same replica, id and day)
+and inserted where none is there yet, and then the events and text of exactly the rows inserted
+or updated go in (an updated request's old events and text are replaced). A batch sent again
+after a crash (PostgreSQL committed it, the local cursor did not record it) therefore changes
+nothing; a batch half new inserts its new half; a request whose summary changed locally after
+it shipped (`journal.pg.outbox` queues it again) is replaced whole. The replica's row in
+`replicas` is bumped in the same transaction. Values are shipped as the local file stores them,
+but for secrets an older writer left in clear (`journal.pg.redaction`) and what PostgreSQL
+cannot hold: a NUL character in text (SQLite keeps it, PostgreSQL text cannot) becomes U+FFFD,
+and a value of the wrong type in an integer or real column (SQLite is dynamically typed: an
+upstream's usage may put a string there) becomes NULL.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import psycopg
 
 from journal import schema as local_schema
-from journal.pg import partitions
+from journal.pg import partitions, redaction
 from journal.pg.outbox import Batch
 from journal.pg.schema import INTEGER_COLUMNS, REAL_COLUMNS
 
@@ -46,23 +49,50 @@ _STAGE = (
     "CREATE TEMP TABLE IF NOT EXISTS stage_events (local_rk bigint, seq integer, kind text,"
     " t double precision, data bytea) ON COMMIT DELETE ROWS",
     "CREATE TEMP TABLE IF NOT EXISTS stage_text (local_rk bigint, body text) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE IF NOT EXISTS stage_new (rk bigint, local_rk bigint, day date, inserted boolean)"
+    " ON COMMIT DELETE ROWS",
 )
-_INSERT = f"""
+_UPDATED = ", ".join(f"{c} = s.{c}" for c in ("local_rk", *_COLUMNS))
+_DIFFERS = (
+    f"ROW(r.local_rk, {', '.join(f'r.{c}' for c in _COLUMNS)})"
+    f" IS DISTINCT FROM ROW(s.local_rk, {', '.join(f's.{c}' for c in _COLUMNS)})"
+)
+# A request already there with the very same row is a resend (nothing happens); one whose row
+# differs was queued again because its summary changed: its row is updated, and its events and
+# text replaced (`_REPLACED`). `stage_new` holds the rows inserted or updated.
+_UPDATE = f"""
+WITH changed AS (
+    UPDATE requests r SET {_UPDATED} FROM stage_requests s
+    WHERE r.replica = %(replica)s AND r.id = s.id AND r.day = s.day AND {_DIFFERS}
+    RETURNING r.rk, s.local_rk, r.day
+)
+INSERT INTO stage_new (rk, local_rk, day, inserted) SELECT rk, local_rk, day, false FROM changed
+"""
+_UPSERT = f"""
 WITH new AS (
     INSERT INTO requests (day, replica, local_rk, {_COLS})
     SELECT day, %(replica)s, local_rk, {_COLS} FROM stage_requests
     ON CONFLICT (replica, id, day) DO NOTHING
     RETURNING rk, local_rk, day
-), new_events AS (
+)
+INSERT INTO stage_new (rk, local_rk, day, inserted) SELECT rk, local_rk, day, true FROM new
+"""
+_REPLACED = (
+    "DELETE FROM events e USING stage_new n WHERE NOT n.inserted AND e.rk = n.rk AND e.day = n.day",
+    "DELETE FROM request_text x USING stage_new n WHERE NOT n.inserted AND x.rk = n.rk AND x.day = n.day",
+)
+_INSERT = """
+WITH new_events AS (
     INSERT INTO events (day, rk, seq, kind, t, data)
-    SELECT new.day, new.rk, e.seq, e.kind, e.t, e.data FROM stage_events e JOIN new USING (local_rk)
+    SELECT n.day, n.rk, e.seq, e.kind, e.t, e.data FROM stage_events e JOIN stage_new n USING (local_rk)
     RETURNING 1
 ), new_text AS (
     INSERT INTO request_text (day, rk, body)
-    SELECT new.day, new.rk, x.body FROM stage_text x JOIN new USING (local_rk)
+    SELECT n.day, n.rk, x.body FROM stage_text x JOIN stage_new n USING (local_rk)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM new), (SELECT count(*) FROM new_events)
+SELECT (SELECT count(*) FROM stage_new WHERE inserted), (SELECT count(*) FROM stage_new WHERE NOT inserted),
+    (SELECT count(*) FROM new_events)
 """
 _EVENT_TYPES = ("int8", "int4", "text", "float8", "bytea")
 # The insert joins a batch's events to its new rows: a sort of tens of thousands of rows, in memory.
@@ -75,11 +105,13 @@ ON CONFLICT (name) DO UPDATE SET requests = replicas.requests + EXCLUDED.request
 
 @dataclass(frozen=True)
 class Shipped:
-    """What one batch did: requests and event rows inserted, and requests already there."""
+    """What one batch did: requests and event rows inserted, requests already there as sent,
+    and requests whose summary had changed since they shipped (replaced)."""
 
     requests: int
     events: int
     duplicates: int
+    updated: int = 0
 
 
 def prepare(conn: psycopg.Connection[Any]) -> None:
@@ -125,6 +157,7 @@ class Rows:
     events: list[tuple[Any, ...]]  # (local rk, seq, kind, t, data bytes)
     texts: list[tuple[int, Any]]  # (local rk, body)
     refused: list[str] = field(default_factory=list)  # ids of requests left out: see `rows`
+    queued: list[tuple[int, float]] = field(default_factory=list)  # the versions read: `outbox.done`
 
     @property
     def days(self) -> set[date]:
@@ -135,13 +168,28 @@ class Rows:
 def rows(batch: Batch) -> Rows:
     """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended).
 
-    A request with an event binary COPY would not carry faithfully (a number past the column's
-    32 bits would wrap, not fail) is left out whole, its id in `refused`."""
+    Events that may hold a secret are redacted again (`journal.pg.redaction`: history written
+    before redaction went by rule). A request with an event binary COPY would not carry
+    faithfully (a number past the column's 32 bits would wrap, not fail), or one of those
+    events unreadable, is left out whole, its id in `refused`."""
     bad = {
         rk
         for rk, seq, _, t, _ in batch.events
         if type(seq) is not int or not _INT32 <= seq < -_INT32 or not isinstance(t, int | float)
     }
+    scrubbed = []
+    kinds = redaction.KINDS
+    for event in batch.events:
+        rk, seq, kind, t, data = event
+        if rk in bad:
+            continue
+        if kind in kinds:
+            try:
+                event = (rk, seq, kind, t, redaction.row_data(kind, float(t), data))
+            except Exception:
+                bad.add(rk)  # a row that may hold a secret and cannot be read never ships as it is
+                continue
+        scrubbed.append(event)
     requests, refused = [], []
     for row in batch.requests:
         if row[0] in bad:
@@ -151,11 +199,11 @@ def rows(batch: Batch) -> Rows:
         requests.append((partitions.day_of(values[_TS]), row[0], *values))
     events = [
         (rk, seq, kind, float(t), data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data))
-        for rk, seq, kind, t, data in batch.events
+        for rk, seq, kind, t, data in scrubbed
         if rk not in bad
     ]
     texts = [(rk, _text(body)) for rk, body in batch.texts if rk not in bad]
-    return Rows(batch.keys, requests, events, texts, refused)
+    return Rows(batch.keys, requests, events, texts, refused, batch.queued)
 
 
 def write(conn: psycopg.Connection[Any], replica: str, batch: Rows) -> Shipped:
@@ -175,10 +223,15 @@ def write(conn: psycopg.Connection[Any], replica: str, batch: Rows) -> Shipped:
             with cur.copy("COPY stage_text (local_rk, body) FROM STDIN") as copy:
                 for text in batch.texts:
                     copy.write_row(text)
-            cur.execute(_INSERT, {"replica": replica})
+            cur.execute(_UPDATE, {"replica": replica})
+            if cur.rowcount != 0:
+                for statement in _REPLACED:
+                    cur.execute(statement)
+            cur.execute(_UPSERT, {"replica": replica})
+            cur.execute(_INSERT)
             found = cur.fetchone()
             assert found is not None
-            requests, events = int(found[0]), int(found[1])
+            requests, updated, events = int(found[0]), int(found[1]), int(found[2])
             if requests:
                 cur.execute(_REPLICA, {"replica": replica, "shipped": requests})
-    return Shipped(requests, events, len(batch.requests) - requests)
+    return Shipped(requests, events, len(batch.requests) - requests - updated, updated)

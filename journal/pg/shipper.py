@@ -24,7 +24,6 @@ stop a replica's shipping for good; it stays in the local journal.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
@@ -191,12 +190,20 @@ class Shipper:
     def _holds_lock(self) -> bool:
         if self._lock_file is not None:
             return True
-        fd = os.open(self.path + ".ship.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = outbox.try_ship_lock(self.path)
+        if fd is None:
             return False
+        try:
+            # A gateway without a sink may have removed the queue between `start` and now (it
+            # does only while nobody holds the lock): the holder makes sure the file ships.
+            conn = local_schema.connect(self.path)
+            try:
+                outbox.install(conn)
+            finally:
+                conn.close()
+        except BaseException:
+            os.close(fd)
+            raise
         self._lock_file = fd
         return True
 
@@ -244,7 +251,7 @@ class Shipper:
             return self._one_by_one(pg, batch, exc)
 
     def _shipped(self, local: sqlite3.Connection, batch: ship.Rows, shipped: ship.Shipped) -> None:
-        outbox.done(local, batch.keys)
+        outbox.done(local, batch.queued)
         stats = self._stats
         for request_id in batch.refused:
             stats["refused"] += 1
@@ -258,7 +265,7 @@ class Shipper:
     def _one_by_one(self, pg: psycopg.Connection[Any], batch: ship.Rows, first: Exception) -> ship.Shipped:
         """A batch PostgreSQL refused: each request alone, the ones refused alone logged and left out."""
         log.warning("journal sink: a batch was refused (%s); shipping it one request at a time", first)
-        requests = events = duplicates = 0
+        requests = events = duplicates = updated = 0
         for row in batch.requests:
             rk = row[1]
             single = ship.Rows(
@@ -275,7 +282,8 @@ class Shipper:
             requests += shipped.requests
             events += shipped.events
             duplicates += shipped.duplicates
-        return ship.Shipped(requests, events, duplicates)
+            updated += shipped.updated
+        return ship.Shipped(requests, events, duplicates, updated)
 
     def _refresh_backlog(self, local: sqlite3.Connection, *, force: bool = False) -> None:
         now = time.monotonic()

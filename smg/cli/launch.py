@@ -365,12 +365,13 @@ def warn_if_admin_is_open(config: GatewayConfig, admission: Gates | None) -> boo
 
 
 def check_journal(path: Path) -> None:
-    """Open the journal for writing once before serving (creating and migrating it, and taking
-    the write lock a moment), so that a location that cannot be written is one clear error
-    naming the file, not a traceback out of the server's start. Raises `LaunchError`."""
+    """Open the journal for writing once before serving (creating and migrating it, taking the
+    write lock a moment and registering as a live writer, `journal.recovery`), so that a
+    location that cannot be written is one clear error naming the file, not a traceback out of
+    the server's start. Raises `LaunchError`."""
     import sqlite3
 
-    from journal import schema
+    from journal import recovery, schema
 
     try:
         conn = schema.connect(path)
@@ -379,6 +380,9 @@ def check_journal(path: Path) -> None:
             conn.execute("ROLLBACK")
         finally:
             conn.close()
+        recovery.Registration(path).close()
+    except recovery.RegistrationError as exc:
+        raise LaunchError(f"cannot write the journal {path}: {exc}") from None
     except (sqlite3.Error, OSError) as exc:
         raise LaunchError(f"cannot write the journal {path}: {exc} (another --journal, or --no-journal)") from None
 

@@ -136,3 +136,17 @@ def test_a_journal_that_cannot_be_written_is_one_line_naming_it_and_exit_2(tmp_p
     errors = [line for line in done.stderr.splitlines() if line.startswith("smg launch:")]
     assert len(errors) == 1 and str(journal) in errors[0], done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 3, done.stderr
+
+
+def test_a_journal_whose_writers_cannot_register_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    (tmp_path / ".journal.db.writers").write_text("")  # where the live writers' lock files go
+    done = subprocess.run(
+        [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", "1", "--journal", str(journal),
+         "--worker-urls", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("smg launch:")]
+    assert len(errors) == 1 and str(journal) in errors[0] and "live writer" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

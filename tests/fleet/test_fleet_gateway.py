@@ -280,7 +280,7 @@ def test_a_gateway_without_a_sink_stops_queueing_on_a_file_that_shipped(
     shipping = _replica(worker, journal, sink, "was-shipping")
     shipping.stop()
     conn = sqlite3.connect(journal)
-    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (4,)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (5,)
     conn.close()
     plain = spawn_gateway([worker.url], journal=journal)
     try:
@@ -292,6 +292,33 @@ def test_a_gateway_without_a_sink_stops_queueing_on_a_file_that_shipped(
     assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'sink_queue%'").fetchone() == (0,)
     conn.close()
     assert "no longer ships" in plain.log()
+
+
+def test_a_gateway_without_a_sink_keeps_the_queue_of_a_live_gateway_that_ships(
+    worker: Spawned, tmp_path: Path, pg_url: str
+) -> None:
+    sink = _init(pg_url)
+    journal = tmp_path / "j.db"
+    metrics_port = free_port()
+    shipping = _replica(
+        worker, journal, sink, "live", "--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1"
+    )
+    plain: Spawned | None = None
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        metrics_url = f"http://127.0.0.1:{metrics_port}"
+        until(lambda: _metric(metrics_url, "smg_journal_sink_shipping") == 1, what="the shipper to hold the lock")
+        plain = spawn_gateway([worker.url], journal=journal)
+        assert httpx.post(f"{plain.url}/v1/messages", json=body, timeout=10).status_code == 200
+        for _ in range(5):  # completed after the sink-less gateway started
+            assert httpx.post(f"{shipping.url}/v1/messages", json=body, timeout=10).status_code == 200
+        until(lambda: len(_completed(journal)) == 6, what="the local journal")
+        until(lambda: sorted(_shipped(sink, "live")) == sorted(_completed(journal)), what="every request shipped")
+    finally:
+        shipping.stop()
+        if plain is not None:
+            plain.stop()
+    assert "no longer ships" not in plain.log()
 
 
 def test_a_backlog_left_by_a_kill_during_an_outage_ships_after_the_restart(

@@ -10,14 +10,17 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
+from journal import packed
 from journal import schema as local_schema
+from journal.events import Completed, Received, Tokens, Upstream, Validated, event_from_dict
 from journal.pg import outbox, schema
 from journal.pg.shipper import Shipper
 from journal.retention import prune
-from journal.writer import JournalWriter
+from journal.writer import JournalWriter, encode
 from tools.build_journal import T0, Traffic, build, requests
 from tools.servers.postgres import PostgresServer
 
@@ -225,3 +228,85 @@ async def test_requests_postgresql_cannot_hold_do_not_stop_the_others(
         assert pg.execute("SELECT day FROM requests WHERE id = 'req_undated'").fetchone() == (date(1970, 1, 1),)
         assert pg.execute("SELECT count(*) FROM requests WHERE id IN ('req_seq', 'req_nul')").fetchone() == (0,)
         assert pg.execute("SELECT count(*) FROM events WHERE seq < 0").fetchone() == (0,)
+
+
+async def test_a_request_closed_as_interrupted_then_completed_ships_again_and_both_journals_agree(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    path = tmp_path / "j.db"
+    live = JournalWriter(path)
+    await live.start()
+    recovering: JournalWriter | None = None
+    try:
+        now = time.time()
+        await live.append("req-late", 1, Received(method="POST", path="/v1/messages", ts=now - 1, t=0.0))
+        await live.append("req-late", 2, Tokens(ids=[1, 2], t=0.1))
+        await live.flush()
+        # The live writer's lock file lost (say, its directory removed by hand): the next
+        # start's recovery takes its request in flight for a dead writer's.
+        assert live._registration is not None
+        live._registration.path.unlink()
+        recovering = JournalWriter(path, recover=True)
+        await recovering.start()
+        await recovering.flush()
+        shipper = _start(started, path, sink, "web-1")
+        until(lambda: shipper.stats["requests_shipped"] == 1, what="the interrupted version shipped")
+        assert _fleet(sink, "web-1")[0]["req-late"][9] == 0  # status: interrupted
+        # Its real completion, written by the live writer afterwards.
+        await live.append("req-late", 5, Completed(status=200, duration_ms=150.0, stop_reason="end_turn", t=0.15))
+        await live.flush()
+        local = _local(path)
+        assert local[0]["req-late"][9] == 200
+        until(lambda: _fleet(sink, "web-1") == local, what="the completed version shipped")
+        until(lambda: shipper.stats["unshipped"] == 0, what="the queue drained")
+        assert _count(sink) == 1
+        with psycopg.connect(sink) as pg:
+            assert pg.execute("SELECT requests FROM replicas").fetchone() == (1,)
+    finally:
+        await live.close()
+        if recovering is not None:
+            await recovering.close()
+
+
+async def test_secrets_an_older_writer_left_in_clear_never_ship(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    path = tmp_path / "j.db"
+    secrets = ["AIzaCLEARgoog", "sk-ant-CLEAR", "pw-CLEAR", "tok-CLEAR", "mcp-CLEAR", "up-CLEAR"]
+    headers = {"x-goog-api-key": secrets[0], "anthropic-api-key": secrets[1], "content-type": "application/json"}
+    image = {
+        "type": "image",
+        "source": {"type": "url", "url": f"https://bob:{secrets[2]}@img.test/a.png?token={secrets[3]}"},
+    }
+    body = orjson.dumps({"messages": [{"role": "user", "content": [image]}]}).decode()
+    received = Received(method="POST", path="/v1/messages", headers=headers, query=f"key={secrets[3]}", body=body)
+    validated = Validated(
+        model="m", summary={"mcp_servers": [{"url": "https://mcp.test", "authorization_token": secrets[4]}]}
+    )
+    head = Upstream(part="head", status=200, headers={"x-api-key": secrets[5]}, t=0.1)
+    writer = JournalWriter(path)
+    await writer.start()
+    for seq, event in enumerate(
+        [received, validated, head, Upstream(part="chunk", data="data: {}\n\n", t=0.2), Completed(200, 5.0, t=0.3)], 1
+    ):
+        await writer.append("old-1", seq, event)
+    await writer.close()
+    # What a writer from before redaction by rule stored: these secrets in clear.
+    conn = local_schema.connect(path)
+    for kind, event in (("received", received), ("validated", validated)):
+        conn.execute("UPDATE events SET data = ? WHERE kind = ?", (encode(event).decode(), kind))
+    ((t0, run),) = conn.execute("SELECT t, data FROM events WHERE kind = 'run'").fetchall()
+    inner = [event_from_dict(k, p, t) for _, k, t, p in packed.unpack(3, t0, run)]
+    inner[0] = head
+    conn.execute("UPDATE events SET data = ? WHERE kind = 'run'", (packed.pack(inner, t0, encode),))
+    stored = b"".join(d if isinstance(d, bytes) else d.encode() for (d,) in conn.execute("SELECT data FROM events"))
+    assert all(s.encode() in stored for s in secrets)
+    conn.close()
+    shipper = _start(started, path, sink, "web-1")
+    until(lambda: shipper.stats["requests_shipped"] == 1, what="shipping")
+    fleet = _fleet(sink, "web-1")[1]["old-1"]
+    shipped = b"".join(row[3] for row in fleet)
+    assert not [s for s in secrets if s.encode() in shipped]
+    assert [row[1] for row in fleet] == ["received", "validated", "run", "completed"]
+    assert packed.unpack(3, fleet[2][2], fleet[2][3])[1][3]["data"] == "data: {}\n\n"  # the rest as it was
+    assert orjson.loads(fleet[0][3])["headers"]["content-type"] == "application/json"

@@ -12,6 +12,7 @@ import pytest
 
 from journal.events import Completed, Received, Tokens
 from journal.reader import JournalReader
+from journal.recovery import RegistrationError
 from journal.writer import JournalWriter
 from tests.journal.test_writer import db_count, wait_until
 
@@ -125,3 +126,14 @@ async def test_a_commit_waiting_on_a_lock_fills_the_held_buffer_and_logs_what_th
     logged = [r.getMessage() for r in caplog.records if "dropped during the incident" in r.getMessage()]
     assert len(logged) == 1 and f" {stats['events_dropped']} events were dropped" in logged[0], logged
     assert sum("cannot commit" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_writer_that_cannot_register_as_live_does_not_start(tmp_path: Path) -> None:
+    # Unregistered, its requests in flight would be closed as interrupted by another process's
+    # recovery while it serves them.
+    path = tmp_path / "j.db"
+    (tmp_path / ".j.db.writers").write_text("")  # where the writers' lock files go: not a directory
+    writer = JournalWriter(path)
+    with pytest.raises(RegistrationError, match="live writer"):
+        await writer.start()
+    await writer.close()
