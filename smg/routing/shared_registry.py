@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from smg.shared.link import RedisLink, SharedStateDown, redis_errors
+from smg.shared.link import RedisLink, SharedStateDown, messages, redis_errors
 
 if TYPE_CHECKING:
     from smg.routing.router import Router, WorkerSpec
@@ -41,9 +41,11 @@ CHANGES = "smg:workers:changes"
 _RECONNECT_SECS = 0.5
 
 # KEYS: workers, urls, version, changes. ARGV: id, url, spec (JSON).
-# Returns {1, version} (added) or {0, id of the worker that has the URL}.
+# Returns {1, version} (added) or {0, id of the worker that has the URL}. Sent again after a
+# lost answer, it finds the worker added already and answers as the first time did.
 ADD = """
 local taken = redis.call('HGET', KEYS[2], ARGV[2])
+if taken == ARGV[1] then return {1, tonumber(redis.call('GET', KEYS[3]) or '0')} end
 if taken then return {0, taken} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
@@ -95,21 +97,12 @@ class SharedWorkers:
         self.router = router
         self.version = 0  # the last change applied
         self._added_at: dict[str, int] = {}  # worker id → the version that added it
-        self._scripts: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
 
     # changes made here
 
     async def _run(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.link.client.register_script(source)
-        try:
-            result = await script(keys=keys, args=args, client=self.link.client)
-        except redis_errors() as exc:
-            raise self.link.failed(exc) from None
-        self.link.answered()
-        return result
+        return await self.link.run(source, keys, args)
 
     async def add(self, worker_id: str, spec: WorkerSpec) -> None:
         """Register the worker in the fleet. Raises WorkerUrlTaken, SharedStateDown."""
@@ -199,10 +192,8 @@ class SharedWorkers:
                 pubsub = await self._connect()
                 continue
             try:
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    if message is not None:
-                        self._apply(orjson.loads(message["data"]))
+                async for message in messages(pubsub):
+                    self._apply(orjson.loads(message["data"]))
             except redis_errors() as exc:
                 self.link.failed(exc)
             await self._drop(pubsub)
