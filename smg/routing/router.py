@@ -56,6 +56,8 @@ PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
     "gemini": ("gemini-",),
     "xai": ("grok-",),
 }
+# The longest a request for a model no worker serves waits for first discoveries in flight.
+DISCOVERY_WAIT_SECS = 2.0
 # Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
 _SELF_ANSWERING = ("grpc", "zmq", "pd-grpc", "epd-grpc")
 # Policies that route on the request's text; the others never pay for extracting it.
@@ -452,11 +454,22 @@ class Router:
             endpoint=call.endpoint,
         )
 
+    async def _await_discovery(self, model: str) -> None:
+        """A worker added moments ago may serve this model: first discoveries in flight (tens of
+        milliseconds each) are waited for, one at a time, until one brings the model or
+        `DISCOVERY_WAIT_SECS` have passed; a model no worker serves is refused then, not once
+        the slowest worker has answered (or timed out)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DISCOVERY_WAIT_SECS
+        while self._discovering and not self.registry.serving(model):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.wait(set(self._discovering.values()), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
         if self._discovering and not self.registry.serving(call.model):
-            # A worker added moments ago may serve this model: its first discovery (tens of
-            # milliseconds) is waited for, within the request's deadline, rather than a 503.
-            await asyncio.wait(set(self._discovering.values()))
+            await self._await_discovery(call.model)
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
