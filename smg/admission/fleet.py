@@ -303,7 +303,7 @@ class FleetLimiter:
         """Wake the waiters whenever a replica gives a slot back."""
         while True:
             client = self.link.pubsub_client()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub = client.pubsub()  # `messages` reads the PONGs too
             try:
                 await pubsub.subscribe(FREED)
                 async for _ in messages(pubsub):

@@ -113,6 +113,14 @@ def gateway_itself(url: str) -> WorkerRefused:
     )
 
 
+def ipc_not_shared(url: str) -> WorkerRefused:
+    return WorkerRefused(
+        f"Worker URL {url!r} is a socket on this host: the shared worker registry holds workers every "
+        "replica can reach; give ipc:// workers to each replica with --worker-urls",
+        "IPC_WORKER_NOT_SHARED",
+    )
+
+
 def no_prefill_servers() -> ApiError:
     return ApiError(503, "No prefill servers available", code="no_prefill_servers")
 
@@ -277,6 +285,8 @@ class Router:
         check_worker_url(spec.url, provider=spec.provider if spec.external else None, config=self.config.urls)
         if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
             raise gateway_itself(spec.url)
+        if self.shared is not None and spec.url.startswith("ipc://"):
+            raise ipc_not_shared(spec.url)
         worker = self._register(spec, source="api")
         if self.shared is not None:
             try:
@@ -291,8 +301,12 @@ class Router:
         self.spawn_discovery(worker)
         return worker
 
-    def register(self, spec: WorkerSpec, worker_id: str) -> Worker:
-        """A worker another replica added (its id is the fleet's); discovered by the caller."""
+    async def register(self, spec: WorkerSpec, worker_id: str) -> Worker:
+        """A worker another replica added (its id is the fleet's); discovered by the caller.
+        Raises `WorkerRefused` (this gateway's own address among them: the replica that added
+        it checked only its own)."""
+        if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
+            raise gateway_itself(spec.url)
         return self._register(spec, source="api", worker_id=worker_id)
 
     async def discover_worker(self, worker: Worker) -> None:

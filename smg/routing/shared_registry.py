@@ -133,7 +133,7 @@ class SharedWorkers:
     async def _connect(self) -> Any:
         """Subscribed, then loaded: no change falls between the two. None when Redis is away."""
         client = self.link.pubsub_client()
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub()  # `messages` reads the PONGs too
         try:
             await pubsub.subscribe(CHANGES)
             async with self.link.client.pipeline(transaction=True) as pipe:
@@ -153,22 +153,24 @@ class SharedWorkers:
             if worker_id not in workers and self._added_at.get(worker_id, 0) <= version:
                 self.router.remove_worker(worker.id)
                 self._added_at.pop(worker_id, None)
-        fresh = [self._register(wid, raw) for wid, raw in workers.items() if wid not in known]
+        fresh = [await self._register(wid, raw) for wid, raw in workers.items() if wid not in known]
         self.version = version
         await asyncio.gather(*(self.router.discover_worker(w) for w in fresh if w is not None))
         log.info("worker registry: %d shared worker(s) at version %d", len(workers), version)
 
-    def _register(self, worker_id: str, raw: dict[str, Any]) -> Any:
+    async def _register(self, worker_id: str, raw: dict[str, Any]) -> Any:
         from smg.routing.registry import DuplicateWorker
         from smg.routing.router import WorkerRefused
 
         try:
-            return self.router.register(_spec(raw), worker_id)
+            if str(raw.get("url") or "").startswith("ipc://"):
+                raise WorkerRefused("an ipc:// worker is a socket on the host of the replica that added it")
+            return await self.router.register(_spec(raw), worker_id)
         except (DuplicateWorker, WorkerRefused) as exc:
             log.warning("worker registry: shared worker %s (%s) not served here: %s", worker_id, raw.get("url"), exc)
             return None
 
-    def _apply(self, change: dict[str, Any]) -> None:
+    async def _apply(self, change: dict[str, Any]) -> None:
         version = int(change.get("version") or 0)
         if version <= self.version:
             return  # in the snapshot already
@@ -176,7 +178,7 @@ class SharedWorkers:
         worker_id = str(change.get("id"))
         if change.get("op") == "add":
             if self.router.registry.get(worker_id) is None:
-                worker = self._register(worker_id, change.get("spec") or {})
+                worker = await self._register(worker_id, change.get("spec") or {})
                 if worker is not None:
                     self.router.spawn_discovery(worker)
         elif change.get("op") == "remove":
@@ -193,7 +195,7 @@ class SharedWorkers:
                 continue
             try:
                 async for message in messages(pubsub):
-                    self._apply(orjson.loads(message["data"]))
+                    await self._apply(orjson.loads(message["data"]))
             except redis_errors() as exc:
                 self.link.failed(exc)
             await self._drop(pubsub)

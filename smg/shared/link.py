@@ -124,8 +124,8 @@ class RedisLink:
         return self._client
 
     def pubsub_client(self) -> Any:
-        """A client of its own for a subscription: its reads wait for messages, so they have no
-        socket timeout; `messages` PINGs it when idle instead."""
+        """A client of its own for a subscription: its reads wait for messages as long as
+        `messages` says, which PINGs it when idle."""
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -133,6 +133,7 @@ class RedisLink:
         return aioredis.Redis.from_url(
             self.url,
             retry=Retry(NoBackoff(), 0),
+            socket_timeout=_SOCKET_TIMEOUT_SECS,  # the handshake and commands; reads say their own
             socket_connect_timeout=_SOCKET_TIMEOUT_SECS,
             decode_responses=True,
         )
@@ -202,7 +203,8 @@ class RedisLink:
 
 async def messages(pubsub: Any) -> AsyncIterator[dict[str, Any]]:
     """A subscription's published messages, until its connection fails: raises ConnectionError
-    when a PING sent after `HEALTH_CHECK_SECS` of silence is not answered within as long."""
+    when a PING sent after `HEALTH_CHECK_SECS` of silence is not answered within as long. The
+    subscription must not ignore subscribe messages (its PONGs would be ignored with them)."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     loop = asyncio.get_running_loop()

@@ -167,3 +167,64 @@ class Unanswering:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class SilencingProxy:
+    """A loopback TCP proxy in front of a server. `silence()` makes the connections open now
+    go quiet both ways without closing them (a NAT or load balancer that dropped an idle
+    connection: half-open, neither end told); connections made afterwards pass as before."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.1)
+        self.port = self._sock.getsockname()[1]
+        self._pairs: list[tuple[socket.socket, socket.socket, threading.Event]] = []
+        self._stopping = threading.Event()
+        threading.Thread(target=self._accept, name="silencing-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            quiet = threading.Event()
+            self._pairs.append((client, upstream, quiet))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst, quiet), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, quiet: threading.Event) -> None:
+        try:
+            while data := src.recv(65536):
+                if not quiet.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def silence(self) -> None:
+        for _, _, quiet in self._pairs:
+            quiet.set()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._sock.close()
+        for client, upstream, _ in self._pairs:
+            client.close()
+            upstream.close()
+
+    def __enter__(self) -> SilencingProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
