@@ -1,7 +1,8 @@
 """The worker registry shared by the replicas (`--worker-registry redis://…`): the workers
 added through `POST /workers` on any replica, with Redis as the source of truth.
 
-Redis holds a hash `smg:workers` (worker id → the worker as it was asked for), a hash
+Redis holds a hash `smg:workers` (worker id → the worker as it was asked for, an external
+worker's `api_key` only sealed under `$SMG_TENANT_SECRET`, `smg.shared.sealed`), a hash
 `smg:workers:urls` (URL → id, so a URL is registered once in the fleet), and a version
 `smg:workers:version`. Adding and removing are one script each: they write the hashes, bump
 the version and publish the change, with its version, on `smg:workers:changes`. Every replica
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from smg.shared.link import RedisLink, SharedStateDown, messages, redis_errors
+from smg.shared.sealed import Unsealable, seal, unseal
 
 if TYPE_CHECKING:
     from smg.routing.router import Router, WorkerSpec
@@ -76,16 +78,38 @@ class WorkerUrlTaken(Exception):
         self.worker_id = worker_id
 
 
+_API_KEY = b"worker api_key"
+
+
 def _spec_json(spec: WorkerSpec) -> str:
-    return orjson.dumps(dataclasses.asdict(spec)).decode()
+    """The worker as the fleet stores it: an `api_key` only sealed. Raises WorkerRefused."""
+    from smg.routing.router import WorkerRefused
+
+    values = dataclasses.asdict(spec)
+    if spec.api_key:
+        try:
+            values["api_key_sealed"] = seal(spec.api_key, _API_KEY, spec.url)
+        except Unsealable as exc:
+            raise WorkerRefused(
+                f"the shared worker registry stores a worker's api_key only sealed, and {exc}",
+                "WORKER_KEY_NOT_SEALABLE",
+            ) from None
+    values["api_key"] = None
+    return orjson.dumps(values).decode()
 
 
 def _spec(raw: dict[str, Any]) -> WorkerSpec:
-    from smg.routing.router import WorkerSpec
+    """Raises WorkerRefused (a sealed key this replica cannot open)."""
+    from smg.routing.router import WorkerRefused, WorkerSpec
 
     fields = {f.name for f in dataclasses.fields(WorkerSpec)}
     values = {k: v for k, v in raw.items() if k in fields}
     values["models"] = tuple(values.get("models") or ())
+    if raw.get("api_key_sealed"):
+        try:
+            values["api_key"] = unseal(str(raw["api_key_sealed"]), _API_KEY, str(raw.get("url") or ""))
+        except Unsealable as exc:
+            raise WorkerRefused(str(exc)) from None
     return WorkerSpec(**values)
 
 

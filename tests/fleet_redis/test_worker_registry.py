@@ -186,3 +186,43 @@ def test_a_feed_whose_connection_went_silent_is_noticed_and_made_again(
         finally:
             behind.stop()
             direct.stop()
+
+
+EXTERNAL = {
+    "url": "http://127.0.0.1:9",  # never called: its models are given
+    "provider": "anthropic",
+    "runtime_type": "external",
+    "api_key": "wk-fleet-secret-key",
+    "models": ["claude-fleet"],
+}
+
+
+def test_an_external_workers_api_key_is_stored_only_sealed(
+    static_worker: Spawned, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    env = {"SMG_TENANT_SECRET": "0123456789abcdef0123456789abcdef"}
+    started = [
+        spawn_gateway([static_worker.url], extra=["--worker-registry", redis_server.url], env=env) for _ in range(2)
+    ]
+    try:
+        a, b = started
+        added = httpx.post(f"{a.url}/workers", json=EXTERNAL, timeout=10)
+        assert added.status_code == 202, added.text
+        stored = redis_client.hget("smg:workers", added.json()["worker_id"]) or ""
+        assert "wk-fleet-secret-key" not in stored and "api_key_sealed" in stored
+        eventually(lambda: listed(b, EXTERNAL["url"]), what="the other replica opening it")
+        assert "not served here" not in b.log()
+    finally:
+        for each in started:
+            each.stop()
+
+
+def test_without_a_fleet_secret_an_api_key_is_not_written_to_redis(
+    pair: list[Spawned], redis_client: redis.Redis
+) -> None:
+    refused = httpx.post(f"{pair[0].url}/workers", json=EXTERNAL, timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["code"] == "WORKER_KEY_NOT_SEALABLE"
+    assert "SMG_TENANT_SECRET" in refused.json()["error"]
+    assert redis_client.hlen("smg:workers") == 0
+    assert listed(pair[0], EXTERNAL["url"]) is None
