@@ -7,7 +7,9 @@ the hash `smg:fleet:held`. Taking a slot is one script: drop the leases that exp
 their counts), sum the counts, and if below the limit count one more under this replica's
 lease and extend it. Giving one back is one script too, and publishes on `smg:fleet:freed` so
 the replicas with requests queued try again at once. A heartbeat renews the replica's lease
-every third of `--fleet-lease-secs`; a replica that dies (kill -9, a lost host) stops renewing,
+every third of `--fleet-lease-secs`, writing the count the replica really holds under it (a
+take whose answer was lost may have counted a slot nobody holds; a take is never sent twice);
+a replica that dies (kill -9, a lost host) stops renewing,
 and its slots are free again at most `--fleet-lease-secs` after its last heartbeat (default
 10 s). A replica whose lease expired while it lived (Redis away or the process stalled that
 long) takes a new lease: the requests it still has in flight under the old one finish
@@ -37,7 +39,7 @@ from typing import Any
 
 from smg.admission.concurrency import Admitted, ConcurrencyConfig, _shed
 from smg.admission.refusal import shared_state_unavailable
-from smg.shared.link import RedisLink, SharedStateConfig, SharedStateDown, redis_errors
+from smg.shared.link import RedisLink, SharedStateConfig, SharedStateDown, messages, redis_errors
 
 log = logging.getLogger("smg.admission.fleet")
 
@@ -75,9 +77,21 @@ redis.call('PUBLISH', KEYS[3], ARGV[1])
 return 1
 """
 
-# KEYS: leases. ARGV: lease, lease ms. Returns 0 when the lease had expired already.
+# KEYS: leases, held. ARGV: lease, lease ms, the fewest and the most slots Redis may rightly
+# count under it (what the replica holds; that plus its takes and releases still in flight).
+# The count is set within those bounds, so a slot counted by a take whose reply never
+# came back is given back here. Returns 0 when the lease had expired already.
 RENEW = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local low, high = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+n = math.max(low, math.min(high, n))
+if n <= 0 then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 1
+end
+redis.call('HSET', KEYS[2], ARGV[1], n)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
@@ -102,11 +116,13 @@ class FleetLimiter:
         self._replica = _replica_id()  # made again at start: each forked process is a replica
         self._generation = 0
         self._held: dict[str, int] = {}  # slots this replica holds, per lease
+        self._taking: dict[str, int] = {}  # takes sent and not answered yet, per lease
+        self._giving: dict[str, int] = {}  # slots given back and not answered yet, per lease
+        self._unsure: set[str] = set()  # leases whose count in Redis a lost answer left unknown
         self._waiters: deque[asyncio.Future[str]] = deque()
         self._wake: asyncio.Event | None = None
         self._pump: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._scripts: dict[str, Any] = {}
 
     @property
     def lease(self) -> str:
@@ -140,15 +156,7 @@ class FleetLimiter:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.link.client.register_script(source)
-        try:
-            result = await script(keys=keys, args=args, client=self.link.client)
-        except redis_errors() as exc:
-            raise self.link.failed(exc) from None
-        self.link.answered()
-        return result
+        return await self.link.run(source, keys, args)
 
     # slots
 
@@ -157,11 +165,22 @@ class FleetLimiter:
         Raises SharedStateDown."""
         for _ in range(2):
             lease = self.lease
-            got = await self._run(
-                ACQUIRE,
-                [LEASES, HELD],
-                [lease, self.capacity, int(self.lease_secs * 1000), self._held.get(lease, 0)],
-            )
+            self._taking[lease] = self._taking.get(lease, 0) + 1
+            try:
+                got = await self._run(
+                    ACQUIRE,
+                    [LEASES, HELD],
+                    [lease, self.capacity, int(self.lease_secs * 1000), self._held.get(lease, 0)],
+                )
+            except BaseException:
+                # Sent, maybe run, its answer lost (a timeout, a cancelled request): the heartbeat
+                # sets the lease's count to what this replica holds.
+                self._unsure.add(lease)
+                raise
+            finally:
+                self._taking[lease] -= 1
+                if not self._taking[lease]:
+                    del self._taking[lease]
             if got == -1:
                 self._renew_lost(lease)
                 continue
@@ -241,8 +260,18 @@ class FleetLimiter:
         return False
 
     async def _give_back(self, lease: str) -> None:
-        with contextlib.suppress(SharedStateDown):
+        self._giving[lease] = self._giving.get(lease, 0) + 1
+        try:
             await self._run(RELEASE, [LEASES, HELD, FREED], [lease])
+        except SharedStateDown:
+            self._unsure.add(lease)  # the heartbeat writes the count this replica holds
+        except BaseException:
+            self._unsure.add(lease)
+            raise
+        finally:
+            self._giving[lease] -= 1
+            if not self._giving[lease]:
+                del self._giving[lease]
 
     # waiting
 
@@ -274,12 +303,11 @@ class FleetLimiter:
         """Wake the waiters whenever a replica gives a slot back."""
         while True:
             client = self.link.pubsub_client()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub = client.pubsub()  # `messages` reads the PONGs too
             try:
                 await pubsub.subscribe(FREED)
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    if message is not None and self._wake is not None:
+                async for _ in messages(pubsub):
+                    if self._wake is not None:
                         self._wake.set()
             except redis_errors():
                 pass  # the link logs Redis's absence from the commands that fail
@@ -291,16 +319,21 @@ class FleetLimiter:
             await asyncio.sleep(_RETRY_SECS)
 
     async def _heartbeat(self) -> None:
-        """Renew this replica's leases while it holds slots under them."""
+        """Renew this replica's leases while it holds slots under them, writing their true count
+        (and set right the leases a lost answer may have counted a slot under)."""
         every = self.lease_secs / 3
         while True:
             await asyncio.sleep(every)
-            for lease, count in list(self._held.items()):
-                if count <= 0:
-                    continue
+            leases = {lease for lease, count in self._held.items() if count > 0} | self._unsure
+            for lease in leases:
+                held = self._held.get(lease, 0)
+                # Redis may count, beyond what is held, the takes not answered yet and the slots
+                # given back whose release has not run yet.
+                most = held + self._taking.get(lease, 0) + self._giving.get(lease, 0)
                 try:
-                    renewed = await self._run(RENEW, [LEASES], [lease, int(self.lease_secs * 1000)])
+                    renewed = await self._run(RENEW, [LEASES, HELD], [lease, int(self.lease_secs * 1000), held, most])
                 except SharedStateDown:
                     break
-                if not renewed:
+                self._unsure.discard(lease)
+                if not renewed and held:
                     self._renew_lost(lease)

@@ -13,20 +13,25 @@ server persists (`appendonly yes`), else the buckets start full again.
 With the server unreachable, a reservation is allowed uncharged (`--redis-failure-mode open`)
 or refused with 503 `shared_state_unavailable` (closed, the default); a settlement that
 cannot be written is dropped (its request's output goes uncharged). Either way the link logs
-one line, not one per request.
+one line, not one per request, and while the server is known down neither waits for it
+(`smg.shared.link`). A settlement runs in a task of its own, kept until it is answered; the
+response's end waits for it at most `SETTLE_WAIT_SECS` (a server that answers, in well under a
+millisecond, has trued the budget up before the client sees the end; a stalled one costs no
+more than that).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from smg.admission.ledger import Decision
 from smg.admission.policy import Scope
-from smg.shared.link import RedisLink, redis_errors
+from smg.shared.link import RedisLink, SharedStateDown
 
 PREFIX = "smg:budget:"
 UNAVAILABLE_RETRY_AFTER = 2
+SETTLE_WAIT_SECS = 0.2
 
 # Shared by both scripts: a bucket refilled to now, and its write with the expiry that makes a
 # full bucket the same as no key.
@@ -115,38 +120,32 @@ class RedisLedger:
     def __init__(self, link: RedisLink, *, fail_open: bool) -> None:
         self.link = link
         self.fail_open = fail_open
-        self._scripts: dict[str, Any] = {}
-
-    def _script(self, source: str) -> Any:
-        # redis-py's Script sends EVALSHA and, on NOSCRIPT (a restarted or flushed server),
-        # loads the source and sends it again.
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.link.client.register_script(source)
-        return script
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
         keys = [PREFIX + s.key for s in scopes]
         try:
-            allowed, wait = await self._script(RESERVE)(keys=keys, args=_args(tokens, scopes), client=self.link.client)
-        except redis_errors() as exc:
-            self.link.failed(exc)
+            allowed, wait = await self.link.run(RESERVE, keys, _args(tokens, scopes))
+        except SharedStateDown:
             if self.fail_open:
                 return Decision(True)
             return Decision(False, UNAVAILABLE_RETRY_AFTER, unavailable=True)
-        self.link.answered()
         if allowed:
             return Decision(True)
         return Decision(False, None if wait < 0 else int(wait))
 
     async def settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
         keys = [PREFIX + s.key for s in scopes]
+        task = asyncio.get_running_loop().create_task(self._settle(keys, _args(delta, scopes)), name="smg-settle")
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        await asyncio.wait((task,), timeout=SETTLE_WAIT_SECS)  # the task goes on past the wait
+
+    async def _settle(self, keys: list[str], args: list[int]) -> None:
         try:
-            await self._script(SETTLE)(keys=keys, args=_args(delta, scopes), client=self.link.client)
-        except redis_errors() as exc:
-            self.link.failed(exc)
-            return
-        self.link.answered()
+            await self.link.run(SETTLE, keys, args)
+        except SharedStateDown:
+            pass  # counted and logged by the link; this output goes uncharged
 
     def close(self) -> None:
-        self._scripts.clear()  # the link is closed with the others when the server stops
+        pass  # the link is closed with the others when the server stops

@@ -56,6 +56,8 @@ PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
     "gemini": ("gemini-",),
     "xai": ("grok-",),
 }
+# The longest a request for a model no worker serves waits for first discoveries in flight.
+DISCOVERY_WAIT_SECS = 2.0
 # Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
 _SELF_ANSWERING = ("grpc", "zmq", "pd-grpc", "epd-grpc")
 # Policies that route on the request's text; the others never pay for extracting it.
@@ -108,6 +110,14 @@ def gateway_itself(url: str) -> WorkerRefused:
     return WorkerRefused(
         f"Worker URL {url!r} leads to this gateway itself: it would relay every request to itself",
         "WORKER_IS_GATEWAY",
+    )
+
+
+def ipc_not_shared(url: str) -> WorkerRefused:
+    return WorkerRefused(
+        f"Worker URL {url!r} is a socket on this host: the shared worker registry holds workers every "
+        "replica can reach; give ipc:// workers to each replica with --worker-urls",
+        "IPC_WORKER_NOT_SHARED",
     )
 
 
@@ -275,6 +285,8 @@ class Router:
         check_worker_url(spec.url, provider=spec.provider if spec.external else None, config=self.config.urls)
         if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
             raise gateway_itself(spec.url)
+        if self.shared is not None and spec.url.startswith("ipc://"):
+            raise ipc_not_shared(spec.url)
         worker = self._register(spec, source="api")
         if self.shared is not None:
             try:
@@ -289,8 +301,12 @@ class Router:
         self.spawn_discovery(worker)
         return worker
 
-    def register(self, spec: WorkerSpec, worker_id: str) -> Worker:
-        """A worker another replica added (its id is the fleet's); discovered by the caller."""
+    async def register(self, spec: WorkerSpec, worker_id: str) -> Worker:
+        """A worker another replica added (its id is the fleet's); discovered by the caller.
+        Raises `WorkerRefused` (this gateway's own address among them: the replica that added
+        it checked only its own)."""
+        if self._listening is not None and await asyncio.to_thread(self._listening.leads_here, spec.url):
+            raise gateway_itself(spec.url)
         return self._register(spec, source="api", worker_id=worker_id)
 
     async def discover_worker(self, worker: Worker) -> None:
@@ -452,11 +468,22 @@ class Router:
             endpoint=call.endpoint,
         )
 
+    async def _await_discovery(self, model: str) -> None:
+        """A worker added moments ago may serve this model: first discoveries in flight (tens of
+        milliseconds each) are waited for, one at a time, until one brings the model or
+        `DISCOVERY_WAIT_SECS` have passed; a model no worker serves is refused then, not once
+        the slowest worker has answered (or timed out)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DISCOVERY_WAIT_SECS
+        while self._discovering and not self.registry.serving(model):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.wait(set(self._discovering.values()), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
     async def handle(self, call: Call) -> AsyncGenerator[Event, None]:
         if self._discovering and not self.registry.serving(call.model):
-            # A worker added moments ago may serve this model: its first discovery (tens of
-            # milliseconds) is waited for, within the request's deadline, rather than a 503.
-            await asyncio.wait(set(self._discovering.values()))
+            await self._await_discovery(call.model)
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch

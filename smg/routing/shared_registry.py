@@ -1,7 +1,8 @@
 """The worker registry shared by the replicas (`--worker-registry redis://…`): the workers
 added through `POST /workers` on any replica, with Redis as the source of truth.
 
-Redis holds a hash `smg:workers` (worker id → the worker as it was asked for), a hash
+Redis holds a hash `smg:workers` (worker id → the worker as it was asked for, an external
+worker's `api_key` only sealed under `$SMG_TENANT_SECRET`, `smg.shared.sealed`), a hash
 `smg:workers:urls` (URL → id, so a URL is registered once in the fleet), and a version
 `smg:workers:version`. Adding and removing are one script each: they write the hashes, bump
 the version and publish the change, with its version, on `smg:workers:changes`. Every replica
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from smg.shared.link import RedisLink, SharedStateDown, redis_errors
+from smg.shared.link import RedisLink, SharedStateDown, messages, redis_errors
+from smg.shared.sealed import Unsealable, seal, unseal
 
 if TYPE_CHECKING:
     from smg.routing.router import Router, WorkerSpec
@@ -41,9 +43,11 @@ CHANGES = "smg:workers:changes"
 _RECONNECT_SECS = 0.5
 
 # KEYS: workers, urls, version, changes. ARGV: id, url, spec (JSON).
-# Returns {1, version} (added) or {0, id of the worker that has the URL}.
+# Returns {1, version} (added) or {0, id of the worker that has the URL}. Sent again after a
+# lost answer, it finds the worker added already and answers as the first time did.
 ADD = """
 local taken = redis.call('HGET', KEYS[2], ARGV[2])
+if taken == ARGV[1] then return {1, tonumber(redis.call('GET', KEYS[3]) or '0')} end
 if taken then return {0, taken} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
@@ -74,16 +78,38 @@ class WorkerUrlTaken(Exception):
         self.worker_id = worker_id
 
 
+_API_KEY = b"worker api_key"
+
+
 def _spec_json(spec: WorkerSpec) -> str:
-    return orjson.dumps(dataclasses.asdict(spec)).decode()
+    """The worker as the fleet stores it: an `api_key` only sealed. Raises WorkerRefused."""
+    from smg.routing.router import WorkerRefused
+
+    values = dataclasses.asdict(spec)
+    if spec.api_key:
+        try:
+            values["api_key_sealed"] = seal(spec.api_key, _API_KEY, spec.url)
+        except Unsealable as exc:
+            raise WorkerRefused(
+                f"the shared worker registry stores a worker's api_key only sealed, and {exc}",
+                "WORKER_KEY_NOT_SEALABLE",
+            ) from None
+    values["api_key"] = None
+    return orjson.dumps(values).decode()
 
 
 def _spec(raw: dict[str, Any]) -> WorkerSpec:
-    from smg.routing.router import WorkerSpec
+    """Raises WorkerRefused (a sealed key this replica cannot open)."""
+    from smg.routing.router import WorkerRefused, WorkerSpec
 
     fields = {f.name for f in dataclasses.fields(WorkerSpec)}
     values = {k: v for k, v in raw.items() if k in fields}
     values["models"] = tuple(values.get("models") or ())
+    if raw.get("api_key_sealed"):
+        try:
+            values["api_key"] = unseal(str(raw["api_key_sealed"]), _API_KEY, str(raw.get("url") or ""))
+        except Unsealable as exc:
+            raise WorkerRefused(str(exc)) from None
     return WorkerSpec(**values)
 
 
@@ -95,21 +121,12 @@ class SharedWorkers:
         self.router = router
         self.version = 0  # the last change applied
         self._added_at: dict[str, int] = {}  # worker id → the version that added it
-        self._scripts: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
 
     # changes made here
 
     async def _run(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.link.client.register_script(source)
-        try:
-            result = await script(keys=keys, args=args, client=self.link.client)
-        except redis_errors() as exc:
-            raise self.link.failed(exc) from None
-        self.link.answered()
-        return result
+        return await self.link.run(source, keys, args)
 
     async def add(self, worker_id: str, spec: WorkerSpec) -> None:
         """Register the worker in the fleet. Raises WorkerUrlTaken, SharedStateDown."""
@@ -140,7 +157,7 @@ class SharedWorkers:
     async def _connect(self) -> Any:
         """Subscribed, then loaded: no change falls between the two. None when Redis is away."""
         client = self.link.pubsub_client()
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub()  # `messages` reads the PONGs too
         try:
             await pubsub.subscribe(CHANGES)
             async with self.link.client.pipeline(transaction=True) as pipe:
@@ -160,22 +177,24 @@ class SharedWorkers:
             if worker_id not in workers and self._added_at.get(worker_id, 0) <= version:
                 self.router.remove_worker(worker.id)
                 self._added_at.pop(worker_id, None)
-        fresh = [self._register(wid, raw) for wid, raw in workers.items() if wid not in known]
+        fresh = [await self._register(wid, raw) for wid, raw in workers.items() if wid not in known]
         self.version = version
         await asyncio.gather(*(self.router.discover_worker(w) for w in fresh if w is not None))
         log.info("worker registry: %d shared worker(s) at version %d", len(workers), version)
 
-    def _register(self, worker_id: str, raw: dict[str, Any]) -> Any:
+    async def _register(self, worker_id: str, raw: dict[str, Any]) -> Any:
         from smg.routing.registry import DuplicateWorker
         from smg.routing.router import WorkerRefused
 
         try:
-            return self.router.register(_spec(raw), worker_id)
+            if str(raw.get("url") or "").startswith("ipc://"):
+                raise WorkerRefused("an ipc:// worker is a socket on the host of the replica that added it")
+            return await self.router.register(_spec(raw), worker_id)
         except (DuplicateWorker, WorkerRefused) as exc:
             log.warning("worker registry: shared worker %s (%s) not served here: %s", worker_id, raw.get("url"), exc)
             return None
 
-    def _apply(self, change: dict[str, Any]) -> None:
+    async def _apply(self, change: dict[str, Any]) -> None:
         version = int(change.get("version") or 0)
         if version <= self.version:
             return  # in the snapshot already
@@ -183,7 +202,7 @@ class SharedWorkers:
         worker_id = str(change.get("id"))
         if change.get("op") == "add":
             if self.router.registry.get(worker_id) is None:
-                worker = self._register(worker_id, change.get("spec") or {})
+                worker = await self._register(worker_id, change.get("spec") or {})
                 if worker is not None:
                     self.router.spawn_discovery(worker)
         elif change.get("op") == "remove":
@@ -199,10 +218,8 @@ class SharedWorkers:
                 pubsub = await self._connect()
                 continue
             try:
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    if message is not None:
-                        self._apply(orjson.loads(message["data"]))
+                async for message in messages(pubsub):
+                    await self._apply(orjson.loads(message["data"]))
             except redis_errors() as exc:
                 self.link.failed(exc)
             await self._drop(pubsub)

@@ -196,9 +196,10 @@ def test_redis_down_fails_closed_with_one_log_line_and_resumes_when_it_returns(
         assert gate.decision == "unavailable"
         assert [(r.status, r.code) for r in events if isinstance(r, Rejected)] == [(503, "shared_state_unavailable")]
         redis_server.start()
+        # The link's probe notices the server back; until then requests are refused at once.
+        eventually(lambda: "is reachable again" in gateway.log(), what="Redis seen back")
         back = httpx.post(f"{gateway.url}/v1/messages", json=BODY, headers=key("other"), timeout=30)
         assert back.status_code == 200, back.text
-        assert "is reachable again" in gateway.log()
         assert _metric(metrics_url, "smg_redis_up") == 1
     finally:
         gateway.stop()

@@ -192,6 +192,36 @@ def test_redis_down_refuses_or_admits_as_the_failure_mode_says(
                 assert down.status_code == 200, down.text
         assert gateway.log().count("is unreachable") == 1, gateway.log()
         redis_server.start()
+        eventually(lambda: "is reachable again" in gateway.log(), what="Redis seen back")
         assert httpx.post(f"{gateway.url}/v1/messages", json=BODY, timeout=30).status_code == 200
+    finally:
+        gateway.stop()
+
+
+def test_a_slot_counted_by_a_take_whose_answer_was_lost_comes_back_on_a_busy_replica(
+    adm_engine: Spawned, redis_server: RedisServer, engine_control: EngineControl, redis_client: redis.Redis
+) -> None:
+    # A lease long enough to outlive the frozen server: the replica stays busy under one lease.
+    gateway = replica(adm_engine, redis_server.url, 3, "--fleet-lease-secs", "6")
+    engine_control.script(default=HELD)
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            held = HeldStream(client, new_id())
+            try:
+                assert held_slots(redis_client) == 1
+                redis_server.freeze()
+                try:
+                    # The take is sent, its answer never comes: refused (closed) after the timeout.
+                    lost = client.post("/v1/messages", json=BODY)
+                    assert lost.status_code == 503, lost.text
+                    assert lost.headers["x-smg-error-code"] == "shared_state_unavailable"
+                finally:
+                    redis_server.thaw()  # runs the take it was sent: one slot counted that nobody holds
+                # The heartbeat writes the count the replica really holds, while its lease lives on.
+                eventually(lambda: held_slots(redis_client) == 1, timeout=8, what="the lost slot given back")
+                assert len(redis_client.zrange("smg:fleet:leases", 0, -1)) == 1
+            finally:
+                held.close()
+        eventually(lambda: held_slots(redis_client) == 0, what="every slot given back")
     finally:
         gateway.stop()

@@ -14,7 +14,7 @@ import redis
 
 from tests.conftest import Scripted
 from tests.fleet_redis.conftest import eventually
-from tools.servers.redis import RedisServer
+from tools.servers.redis import RedisServer, SilencingProxy
 from tools.spawn import Spawned, spawn_gateway, spawn_worker
 
 STATIC_MODEL = "static-model"
@@ -149,3 +149,80 @@ def test_redis_down_keeps_routing_and_refuses_changes_until_it_returns(
     )
     assert removed
     eventually(lambda: listed(a, added_worker.url) is None, timeout=5, what="A forgetting the removed worker")
+
+
+def test_a_replica_refuses_a_shared_worker_that_leads_to_itself(pair: list[Spawned]) -> None:
+    a, b = pair
+    # A checks only its own address: B's passes there, and B must refuse it when it loads it.
+    added = httpx.post(f"{a.url}/workers", json={"url": b.url}, timeout=10)
+    assert added.status_code == 202, added.text
+    eventually(lambda: "not served here" in b.log(), what="B refusing its own address")
+    assert "leads to this gateway itself" in b.log()
+    assert listed(b, b.url) is None
+    assert listed(a, b.url) is not None
+
+
+def test_ipc_workers_stay_out_of_the_shared_registry(pair: list[Spawned], redis_client: redis.Redis) -> None:
+    a, _ = pair
+    refused = httpx.post(f"{a.url}/workers", json={"url": "ipc:///tmp/smg-engine.sock"}, timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["code"] == "IPC_WORKER_NOT_SHARED"
+    assert "--worker-urls" in refused.json()["error"]
+    assert redis_client.hlen("smg:workers") == 0
+
+
+def test_a_feed_whose_connection_went_silent_is_noticed_and_made_again(
+    static_worker: Spawned, added_worker: Spawned, redis_server: RedisServer
+) -> None:
+    with SilencingProxy(redis_server.port) as proxy:
+        behind = replica(static_worker, proxy.url)
+        direct = replica(static_worker, redis_server.url)
+        try:
+            proxy.silence()  # behind's subscription is half-open now, and nothing tells it
+            added = httpx.post(f"{direct.url}/workers", json={"url": added_worker.url}, timeout=10)
+            assert added.status_code == 202, added.text
+            # Its idle feed's PING goes unanswered: dropped, made again, the whole set reloaded.
+            eventually(lambda: ready(behind, added_worker.url), timeout=15, what="the silent replica caught up")
+        finally:
+            behind.stop()
+            direct.stop()
+
+
+EXTERNAL = {
+    "url": "http://127.0.0.1:9",  # never called: its models are given
+    "provider": "anthropic",
+    "runtime_type": "external",
+    "api_key": "wk-fleet-secret-key",
+    "models": ["claude-fleet"],
+}
+
+
+def test_an_external_workers_api_key_is_stored_only_sealed(
+    static_worker: Spawned, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    env = {"SMG_TENANT_SECRET": "0123456789abcdef0123456789abcdef"}
+    started = [
+        spawn_gateway([static_worker.url], extra=["--worker-registry", redis_server.url], env=env) for _ in range(2)
+    ]
+    try:
+        a, b = started
+        added = httpx.post(f"{a.url}/workers", json=EXTERNAL, timeout=10)
+        assert added.status_code == 202, added.text
+        stored = redis_client.hget("smg:workers", added.json()["worker_id"]) or ""
+        assert "wk-fleet-secret-key" not in stored and "api_key_sealed" in stored
+        eventually(lambda: listed(b, EXTERNAL["url"]), what="the other replica opening it")
+        assert "not served here" not in b.log()
+    finally:
+        for each in started:
+            each.stop()
+
+
+def test_without_a_fleet_secret_an_api_key_is_not_written_to_redis(
+    pair: list[Spawned], redis_client: redis.Redis
+) -> None:
+    refused = httpx.post(f"{pair[0].url}/workers", json=EXTERNAL, timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["code"] == "WORKER_KEY_NOT_SEALABLE"
+    assert "SMG_TENANT_SECRET" in refused.json()["error"]
+    assert redis_client.hlen("smg:workers") == 0
+    assert listed(pair[0], EXTERNAL["url"]) is None

@@ -356,3 +356,26 @@ def test_igw_refuses_nothing_but_without_it_a_second_kind_is_a_400(workers: list
         assert refused.status_code == 400 and "IGW" in refused.json()["error"]
     finally:
         gw.stop()
+
+
+def test_a_request_for_a_model_nobody_serves_does_not_wait_for_a_worker_that_never_answers(
+    workers: list[Spawned],
+) -> None:
+    from tools.servers.redis import Unanswering
+
+    with Unanswering() as silent:
+        gw = _gateway([workers[0].url], "--api-key", "admin-key")
+        try:
+            with httpx.Client(base_url=gw.url, timeout=10.0, headers=KEY) as client:
+                added = client.post("/workers", json={"url": f"http://127.0.0.1:{silent.port}"})
+                assert added.status_code == 202, added.text
+                _wait(lambda: silent.accepted >= 1, "the discovery's connection")
+                answer = client.post("/v1/messages", json={**BODY, "model": "no-such-model"})
+                assert answer.status_code == 503, answer.text
+                assert answer.headers["x-smg-error-code"] == "no_available_workers"
+                served = client.post("/v1/messages", json=BODY)
+                assert served.status_code == 200, served.text
+                # The answers came while the first discovery still waited (it gives up after 5 s).
+                assert "model discovery failed" not in gw.log(), gw.log()
+        finally:
+            gw.stop()

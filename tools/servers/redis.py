@@ -8,10 +8,13 @@ server does. Nothing here is a fake: the gateway under test speaks to this proce
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -100,6 +103,16 @@ class RedisServer:
         self.stop()
         self.start()
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its connections and answers nothing (a stalled server);
+        what clients send meanwhile it runs at `thaw()`."""
+        if self._proc is not None:
+            os.kill(self._proc.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self._proc is not None:
+            os.kill(self._proc.proc.pid, signal.SIGCONT)
+
     def log(self) -> str:
         return self._proc.log() if self._proc is not None else ""
 
@@ -108,3 +121,110 @@ class RedisServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+class Unanswering:
+    """A loopback listener that accepts connections and never answers a byte: a Redis server
+    that is blackholed (a dead host behind a live route, a stalled process), as a client sees
+    it. `accepted` counts the connections made to it; `close()` drops them all."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.1)
+        self.port = self._sock.getsockname()[1]
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="unanswering-redis", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._held.append(conn)
+            self.accepted += 1
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+    def __enter__(self) -> Unanswering:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class SilencingProxy:
+    """A loopback TCP proxy in front of a server. `silence()` makes the connections open now
+    go quiet both ways without closing them (a NAT or load balancer that dropped an idle
+    connection: half-open, neither end told); connections made afterwards pass as before."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.1)
+        self.port = self._sock.getsockname()[1]
+        self._pairs: list[tuple[socket.socket, socket.socket, threading.Event]] = []
+        self._stopping = threading.Event()
+        threading.Thread(target=self._accept, name="silencing-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            quiet = threading.Event()
+            self._pairs.append((client, upstream, quiet))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst, quiet), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, quiet: threading.Event) -> None:
+        try:
+            while data := src.recv(65536):
+                if not quiet.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def silence(self) -> None:
+        for _, _, quiet in self._pairs:
+            quiet.set()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._sock.close()
+        for client, upstream, _ in self._pairs:
+            client.close()
+            upstream.close()
+
+    def __enter__(self) -> SilencingProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
