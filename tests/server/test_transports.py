@@ -35,7 +35,8 @@ def test_json_and_stream_relay(via: Spawned, scripted: Scripted) -> None:
 def test_worker_sees_only_forwarded_headers(via: Spawned, scripted: Scripted) -> None:
     httpx.post(via.url + "/v1/messages", json=BODY, headers={"anthropic-version": "2023-06-01"})
     seen = set(scripted.received()[-1]["headers"])
-    assert seen <= {"host", "content-length", "content-type", "anthropic-version"}, seen
+    # x-smg-hops: the gateway's own loop guard (README, Security), on everything it sends.
+    assert seen <= {"host", "content-length", "content-type", "anthropic-version", "x-smg-hops"}, seen
 
 
 def test_hang_up_is_502(via: Spawned, scripted: Scripted) -> None:
