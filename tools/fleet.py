@@ -1,4 +1,4 @@
-"""`make fleet`: two gateway replicas side by side, one fleet journal in PostgreSQL.
+"""`make fleet`: two gateway replicas side by side, one fleet journal in PostgreSQL, shared state in Redis.
 
 Starts a PostgreSQL server in a temp dir (`tools.servers.postgres`), creates the fleet
 journal's schema in it (`smg journal-sink init`), a scripted SGLang engine (as `make
@@ -9,8 +9,10 @@ both replicas in it (`smg journal ls --journal postgresql://…`, or a query, wh
 read commands do not open PostgreSQL). Then serves until interrupted, printing the URLs; on
 the way out it stops everything and deletes the temp dirs.
 
-Shared state in Redis (budgets, fleet admission, the worker registry) goes in `_shared_state`:
-the flags each replica gets for it, and the server it needs.
+A Redis server in a temp dir (`tools.servers.redis`) holds what the replicas agree on: the
+worker registry (`--worker-registry`) and fleet-wide admission (`--max-concurrent-requests`
+counted across both with `--fleet-concurrency`). A worker added with `POST /workers` on one
+replica is routed to by the other (the demo prints the second replica's `GET /workers`).
 """
 
 from __future__ import annotations
@@ -28,15 +30,37 @@ import psycopg
 
 from tools.demo import SCRIPTED_MODEL, SCRIPTED_TOKENIZER
 from tools.servers.postgres import PostgresServer
+from tools.servers.redis import RedisServer
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
 REPLICAS = ("replica-a", "replica-b")
 REQUESTS_EACH = 12
 
 
-def _shared_state(workdir: Path) -> list[str]:
-    """The flags every replica gets for the state the fleet shares in Redis (none yet)."""
-    return []
+FLEET_SLOTS = 32
+
+
+def _shared_state(redis: RedisServer) -> list[str]:
+    """The flags every replica gets for the state the fleet shares in Redis."""
+    url = redis.url
+    return ["--worker-registry", url, "--max-concurrent-requests", str(FLEET_SLOTS), "--fleet-concurrency", url]
+
+
+def _show_registry(adder: Spawned, other: Spawned, engine_url: str) -> None:
+    """Add the engine once more through the worker API of one replica (as a second URL of it,
+    `localhost` for `127.0.0.1`), and show that the other replica has it within a second."""
+    url = engine_url.replace("127.0.0.1", "localhost")
+    added = httpx.post(f"{adder.url}/workers", json={"url": url}, timeout=10)
+    print(f"\n$ POST {adder.url}/workers {{url: {url}}} -> {added.status_code}")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        listed = httpx.get(f"{other.url}/workers", timeout=10).json()
+        urls = [w.get("url") for w in listed.get("workers", [])]
+        if url in urls:
+            print(f"$ GET {other.url}/workers -> {urls}  (the other replica routes to it too)")
+            return
+        time.sleep(0.1)
+    print(f"the other replica did not list {url} within 5 s")
 
 
 def _traffic(replica: Spawned, name: str) -> int:
@@ -90,13 +114,15 @@ def main() -> int:
     started: list[Spawned] = []
     workdir = Path(tempfile.mkdtemp(prefix="smg-fleet-"))
     server = PostgresServer()
+    redis = RedisServer(workdir / "redis", appendonly=True)
     try:
         server.start()
+        redis.start()
         url = server.create_database("fleet")
         subprocess.run([sys.executable, "-m", "smg", "journal-sink", "init", url], check=True)
         engine = spawn_engine("sglang", model_path=SCRIPTED_TOKENIZER, extra=["--served-model-name", SCRIPTED_MODEL])
         started.append(engine)
-        shared = _shared_state(workdir)
+        shared = _shared_state(redis)
         replicas = []
         for name in REPLICAS:
             replica = spawn_gateway(
@@ -109,10 +135,12 @@ def main() -> int:
         sent = sum(_traffic(replica, name) for replica, name in zip(replicas, REPLICAS, strict=True))
         _wait_shipped(url, sent)
         _show(url)
+        _show_registry(replicas[0], replicas[1], engine.url)
         print("The fleet is serving:")
         for replica, name in zip(replicas, REPLICAS, strict=True):
             print(f"  {name}: {replica.url} (local journal {workdir / f'{name}.db'})")
         print(f"  fleet journal: {url}\n  read it with: .venv/bin/smg journal ls --journal {url}")
+        print(f"  shared state: {redis.url} (worker registry, {FLEET_SLOTS} fleet-wide slots)")
         print("Press Ctrl-C to stop.")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while all(s.proc.poll() is None for s in started):
@@ -125,6 +153,7 @@ def main() -> int:
         for spawned in reversed(started):
             spawned.stop()
         server.close()
+        redis.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
