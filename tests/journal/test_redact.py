@@ -293,3 +293,45 @@ def test_a_body_keeps_its_bytes_but_not_the_credentials_of_its_urls() -> None:
     assert "me:pw" not in json.dumps(json.loads(redact_body(escaped)))
     plain = json.dumps({"messages": [{"role": "user", "content": "https://example.com/?page=1"}]})
     assert redact_body(plain) is plain
+
+
+# Whether a body's URLs may hold a credential decides whether it is parsed at all; a body that
+# may hold one but does not parse is fingerprinted, so a cut-short body shows the decision.
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://user:pw@mcp.example/sse",
+        "HTTPS:\\/\\/me:pw\\u0040h.example\\/x",
+        "https://h.example/p?api_key=1",
+        "https://h.example/p?a=1&X-Amz-Signature=f",
+        "https://h.example/p?sig=1",
+        "https://h.example/p?%6Bey=1",
+        "https://h.example/p?a=1\\u0026token=2",
+        "https://h.example\\/p\\n?token=x",
+        'https://u:p\\"w@h.example/',
+    ],
+)
+def test_a_url_that_may_carry_a_credential_is_looked_at(url: str) -> None:
+    broken = '{"messages": [{"content": "' + url + '"'
+    assert redact_body(broken) == fingerprint(broken)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://registry.npmjs.org/@types/node/-/node-20.11.0.tgz",  # an @ in the path: no userinfo
+        "https://github.com/anthropics/claude-code/blob/main/README.md\\n// see @types/react",
+        "https://api.example.com/v1/items?page=2&limit=50",
+        "https://h.example/?q=monkey&x=1",  # a secret word in a value, not a name
+        'https://api.example.com\\";\\n  a@b',
+    ],
+)
+def test_a_url_that_cannot_carry_a_credential_costs_no_parse(url: str) -> None:
+    broken = '{"messages": [{"content": "' + url + '"'
+    assert redact_body(broken) == broken
+
+
+def test_a_body_only_the_standard_parser_takes_is_still_redacted() -> None:
+    body = '{"x": NaN, "mcp_servers": [{"url": "https://u:p@mcp.example/sse"}]}'
+    out = redact_body(body)
+    assert "u:p@" not in out and out.startswith('{"x": NaN')
