@@ -45,6 +45,13 @@ _CREDENTIAL_PARTS = ("authoriz", "apikey", "secret", "passw", "cookie", "credent
 _CREDENTIAL_ENDINGS = ("key", "token")
 # Named like credentials, but the gateway (and its readers) need them as sent.
 _NOT_CREDENTIALS = frozenset({"idempotency-key"})
+# Named like credentials, but they only route or describe: the gateway's own headers
+# (`x-smg-routing-key`), the SDKs' telemetry (`x-stainless-session`), session affinity
+# (`x-session-affinity`) and cache keys (`x-cache-key`). A replay must send them as recorded, or
+# it lands on another worker and its diff misleads.
+_NOT_CREDENTIAL_PREFIXES = ("x-smg-", "x-stainless-")
+_ROUTING_WORD = "affinity"
+_CACHE_WORD = "cache"
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
@@ -67,15 +74,19 @@ def credential_header(name: str) -> bool:
     `SECRET_HEADERS`, or a name with a word that says so (`api-key`, `x-goog-api-key`,
     `x-auth-token`, `anthropic-api-key`, `x-amz-security-token`, `x-client-secret`…). A name
     whose last word is `id` is an identifier (`x-claude-code-session-id`, `x-request-id`), and
-    words that only count (`anthropic-ratelimit-tokens-remaining`) are not credentials."""
+    words that only count (`anthropic-ratelimit-tokens-remaining`) are not credentials; nor are
+    routing and cache keys (`x-smg-*`, `x-stainless-*`, `*-affinity*`, `cache-key`)."""
     lowered = name.strip().lower()
     if lowered in SECRET_HEADERS:
         return True
-    if lowered in _NOT_CREDENTIALS:
+    if lowered in _NOT_CREDENTIALS or lowered.startswith(_NOT_CREDENTIAL_PREFIXES):
         return False
     words = [w for w in _WORD_SPLIT.split(lowered) if w]
-    if not words or words[-1] == "id":
+    if not words or words[-1] == "id" or _ROUTING_WORD in words:
         return False
+    # A cache key names a cached answer, not a door (`x-cache-key`, `x-prompt-cache-key`).
+    words = [w for i, w in enumerate(words) if not (w == "key" and i and words[i - 1] == _CACHE_WORD)]
+    words = [w for w in words if w not in (_CACHE_WORD, _CACHE_WORD + "key")]
     return any(
         w in _CREDENTIAL_WORDS or w.endswith(_CREDENTIAL_ENDINGS) or any(p in w for p in _CREDENTIAL_PARTS)
         for w in words

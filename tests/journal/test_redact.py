@@ -222,12 +222,16 @@ CREDENTIAL_HEADERS = (
     "x-auth-token", "anthropic-api-key", "X-Amz-Security-Token", "x-client-secret", "x-apikey", "private-token",
     "x-access-token", "x_auth", "x-session-token", "x-csrf-token", "x-hub-signature-256", "x-password",
     "ocp-apim-subscription-key", "x-vault-token", "openai-api-key", "x-credentials", "x-bearer",
+    "x-cache-auth-token", "x-cache-secret",
 )  # fmt: skip
 PLAIN_HEADERS = (
     "content-type", "content-length", "user-agent", "anthropic-version", "anthropic-beta", "x-request-id",
     "request-id", "x-correlation-id", "x-trace-id", "traceparent", "x-claude-code-session-id", "x-session-id",
     "keep-alive", "accept-encoding", "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-input-tokens-limit",
     "idempotency-key", "x-stainless-retry-count", "x-forwarded-for", "host",
+    # Routing and cache keys: a replay needs them as sent.
+    "x-smg-routing-key", "x-smg-hops", "x-session-affinity", "x-affinity-key", "x-cache-key", "cache-key",
+    "x-prompt-cache-key", "x-cachekey", "x-stainless-session", "x-stainless-helper-method",
 )  # fmt: skip
 
 
