@@ -25,6 +25,8 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
+import orjson
+
 from journal.bodies import fingerprint
 from journal.events import Event, Received, Upstream, Validated
 
@@ -43,6 +45,13 @@ _CREDENTIAL_PARTS = ("authoriz", "apikey", "secret", "passw", "cookie", "credent
 _CREDENTIAL_ENDINGS = ("key", "token")
 # Named like credentials, but the gateway (and its readers) need them as sent.
 _NOT_CREDENTIALS = frozenset({"idempotency-key"})
+# Named like credentials, but they only route or describe: the gateway's own headers
+# (`x-smg-routing-key`), the SDKs' telemetry (`x-stainless-session`), session affinity
+# (`x-session-affinity`) and cache keys (`x-cache-key`). A replay must send them as recorded, or
+# it lands on another worker and its diff misleads.
+_NOT_CREDENTIAL_PREFIXES = ("x-smg-", "x-stainless-")
+_ROUTING_WORD = "affinity"
+_CACHE_WORD = "cache"
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
 _PREFIX = "[redacted sha256:"
 _TOKEN_KEY = "authorization_token"
@@ -65,15 +74,19 @@ def credential_header(name: str) -> bool:
     `SECRET_HEADERS`, or a name with a word that says so (`api-key`, `x-goog-api-key`,
     `x-auth-token`, `anthropic-api-key`, `x-amz-security-token`, `x-client-secret`…). A name
     whose last word is `id` is an identifier (`x-claude-code-session-id`, `x-request-id`), and
-    words that only count (`anthropic-ratelimit-tokens-remaining`) are not credentials."""
+    words that only count (`anthropic-ratelimit-tokens-remaining`) are not credentials; nor are
+    routing and cache keys (`x-smg-*`, `x-stainless-*`, `*-affinity*`, `cache-key`)."""
     lowered = name.strip().lower()
     if lowered in SECRET_HEADERS:
         return True
-    if lowered in _NOT_CREDENTIALS:
+    if lowered in _NOT_CREDENTIALS or lowered.startswith(_NOT_CREDENTIAL_PREFIXES):
         return False
     words = [w for w in _WORD_SPLIT.split(lowered) if w]
-    if not words or words[-1] == "id":
+    if not words or words[-1] == "id" or _ROUTING_WORD in words:
         return False
+    # A cache key names a cached answer, not a door (`x-cache-key`, `x-prompt-cache-key`).
+    words = [w for i, w in enumerate(words) if not (w == "key" and i and words[i - 1] == _CACHE_WORD)]
+    words = [w for w in words if w not in (_CACHE_WORD, _CACHE_WORD + "key")]
     return any(
         w in _CREDENTIAL_WORDS or w.endswith(_CREDENTIAL_ENDINGS) or any(p in w for p in _CREDENTIAL_PARTS)
         for w in words
@@ -85,8 +98,32 @@ def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: redact_value(value) if credential_header(name) else value for name, value in headers.items()}
 
 
-# An http(s) URL as it can appear in a JSON text (`\/` escapes included), up to a quote or a space.
-_URL_IN_TEXT = re.compile(r"(?i)https?:(?:\\?/){2}[^\s\"]*")
+# An http(s) URL, as it can appear in a JSON text (`\/` escapes included), that may carry a
+# credential: an `@` in its authority (userinfo), a query parameter whose name says secret
+# (`_secret_param`, loosely: any name holding one of its words, or escaped), or a `\u` escape
+# that may spell either. Other JSON escapes (`\n`, `\"`) neither end it nor hide a separator.
+# One search in C, no match per URL handed to Python: the literal `:` is searched fast, every
+# run is a possessive character class (no backtracking), and a path full of `@types/...` or the
+# prose after a URL costs nothing. Anything it lets through is settled by `redact_url`.
+_URL_AUTHORITY = r':(?:\\?/){2}(?:(?<=[pPsS]://)|(?<=[pPsS]:\\/\\/))[^/?#\s"\\@]*+(?:\\[^/u][^/?#\s"\\@]*+)*+'
+_URL_PATH = r'(?:\\?/[^?#\s"\\]*+(?:\\[^u][^?#\s"\\]*+)*+)?'
+_QUERY_VALUE = r'[^&#\s"\\]*+(?:\\[^u][^&#\s"\\]*+)*+'
+# A query parameter's name holding a word of `_secret_param` (the guard of first letters keeps
+# the lazy scan from trying every word at every character), escaped, or one of its exact names.
+_SECRET_NAME = (
+    r'(?=[^=&#\s"\\]*?(?=[kKtTsSpPaAcC%\\])(?:(?i:key|token|secret|passw|auth|signature|credential|session)|%|\\))'
+    r"|(?=\+*(?i:sig|pwd|jwt|code)\+*(?:=|&|$))"
+)
+_URL_SECRET = re.compile(
+    _URL_AUTHORITY
+    + r"(?:@|\\u|"
+    + _URL_PATH
+    + r"(?:\\u|\?(?:[^=&#\s\"\\]*+(?:="
+    + _QUERY_VALUE
+    + r")?(?:&|(?=\\u)))*?(?:"
+    + _SECRET_NAME
+    + r"|\\u)))"
+)
 
 
 def redact_url(text: str) -> str:
@@ -119,15 +156,7 @@ def _may_hold_url_secret(text: str) -> bool:
     cost no parse)."""
     if "://" not in text and ":\\/\\/" not in text:
         return False
-    for match in _URL_IN_TEXT.finditer(text):
-        url = match.group()
-        if "@" in url or "\\u" in url or "%40" in url:
-            return True
-        if "?" in url and "=" in url:
-            query = url.partition("?")[2].partition("#")[0]
-            if any(_secret_param(part.partition("=")[0]) for part in query.split("&")):
-                return True
-    return False
+    return _URL_SECRET.search(text) is not None
 
 
 def _redact_urls(value: Any) -> Any:
@@ -162,10 +191,16 @@ def _may_hold_token(text: str) -> bool:
     return "\\u" in text and _ESCAPED_KEY.search(text) is not None
 
 
-def _tokens_in(text: str) -> tuple[Any, list[Any], bool] | None:
+def _tokens_in(text: str, may_hold_token: bool = True) -> tuple[Any, list[Any], bool] | None:
     """The parsed body, every `authorization_token` value in it not redacted yet (duplicate
     keys included: the standard parser keeps only the last) and whether a key repeats;
-    None when `text` does not parse."""
+    None when `text` does not parse. A body that cannot hold the key is parsed by orjson
+    (the standard parser with a Python hook costs ten times more on a large body)."""
+    if not may_hold_token:
+        try:
+            return orjson.loads(text), [], False
+        except orjson.JSONDecodeError:
+            pass  # what orjson refuses (`NaN`, a lone surrogate) the standard parser may take
     found: list[Any] = []
     repeated = False
 
@@ -201,9 +236,10 @@ def redact_body(text: str) -> str:
     token but does not parse is stored as a fingerprint (`[text sha256:… len=…]`), never as
     it came.
     """
-    if not _may_hold_token(text) and not _may_hold_url_secret(text):
+    may_hold_token = _may_hold_token(text)
+    if not may_hold_token and not _may_hold_url_secret(text):
         return text
-    parsed = _tokens_in(text)
+    parsed = _tokens_in(text, may_hold_token)
     if parsed is None:
         return fingerprint(text)
     body, tokens, repeated = parsed
@@ -216,7 +252,7 @@ def redact_body(text: str) -> str:
         for old, new in swaps:
             for quoted in {json.dumps(old), json.dumps(old, ensure_ascii=False)}:
                 out = out.replace(quoted, json.dumps(new, ensure_ascii=False))
-        again = _tokens_in(out)
+        again = _tokens_in(out, may_hold_token)
         if again is not None and not again[1] and not _secret_urls(again[0], {}):
             return out
     return json.dumps(_redact_urls(_redact_tokens(body)), ensure_ascii=False, separators=(",", ":"))

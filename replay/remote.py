@@ -4,7 +4,8 @@ What is sent: the recorded method, path, query and body (the client's bytes as j
 the recorded headers a worker would get (the spec's allowlist, `smg.protocol.headers`) minus
 every secret. The journal keeps only fingerprints of
 secrets, and those are never sent: credentials come from the operator (`headers`, e.g.
-`Authorization: Bearer …`), MCP server tokens from `mcp_tokens`. The request-id headers are
+`Authorization: Bearer …`), MCP server tokens from `mcp_tokens`, URLs with credentials from
+`secret_urls` (a recorded URL whose credentials were redacted is never sent). The request-id headers are
 dropped too, so the target files the replay under an id of its own instead of the original's;
 `x-smg-replay-of: <original id>` names the original, and a gateway journaling the replay marks
 its row `replay_of`.
@@ -31,7 +32,7 @@ import httpx
 
 from journal.events import Completed, Error, Event, Received, Routed, Upstream, Validated
 from journal.pieces import TextPieces, text_piece
-from journal.redact import SECRET_HEADERS
+from journal.redact import SECRET_HEADERS, redact_url
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
 from replay.diff import Difference, Outcome, deterministic, diff, from_http
@@ -49,6 +50,8 @@ GATEWAY_HEADERS = frozenset({"x-smg-mcp"})
 # under the original's id.
 REQUEST_ID_HEADERS = frozenset({"x-request-id", "x-correlation-id", "x-trace-id", "request-id"})
 _REDACTED = "[redacted sha256:"
+# `journal.redact.redact_url`'s marker, percent-encoded inside a URL.
+_REDACTED_IN_URL = "[redacted%20sha256:"
 _FINGERPRINT = "[text sha256:"  # journal.bodies' stand-in for content it did not keep
 _TOKEN_KEY = "authorization_token"
 _ALPHANUMERIC = string.ascii_letters + string.digits
@@ -83,18 +86,23 @@ def forwarded_headers(recorded: Mapping[str, str], supplied: Mapping[str, str], 
     return out
 
 
-def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None) -> str:
-    """The recorded body, with each MCP server token the journal redacted put back from
-    `mcp_tokens` (server name → token). Raises `ReplayError` for a token nobody supplied."""
-    if not body or _REDACTED not in body or _TOKEN_KEY not in body:
+def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None, secret_urls: Iterable[str] = ()) -> str:
+    """The recorded body, with each secret the journal redacted put back: MCP server tokens
+    from `mcp_tokens` (server name → token), and each URL whose credentials were redacted
+    (userinfo, a token in its query: an MCP server's, an image's) from `secret_urls`, the URLs
+    as the client sent them, each matched to the recorded one it redacts to. Raises
+    `ReplayError` naming every secret nobody supplied: a replay never sends a fingerprint in
+    place of a credential."""
+    if not body or (_REDACTED not in body and _REDACTED_IN_URL not in body):
         return body or ""
     try:
         data = json.loads(body)
     except ValueError:
         return body
-    servers = data.get("mcp_servers") if isinstance(data, dict) else None
     missing: list[str] = []
     out = body
+    servers = data.get("mcp_servers") if isinstance(data, dict) and _TOKEN_KEY in body else None
+    missing_tokens: list[str] = []
     for server in servers if isinstance(servers, list) else []:
         if not isinstance(server, dict):
             continue
@@ -104,18 +112,49 @@ def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None) 
         name = str(server.get("name", ""))
         supplied = (mcp_tokens or {}).get(name)
         if supplied is None:
-            missing.append(name)
+            missing_tokens.append(name)
             continue
         # The redacted value is unique to its token: replacing its JSON string keeps every
         # other byte of the body as the client sent it.
         out = out.replace(json.dumps(token), json.dumps(supplied))
-    if missing:
-        names = ", ".join(repr(n) for n in missing)
-        raise ReplayError(
+    if missing_tokens:
+        names = ", ".join(repr(n) for n in missing_tokens)
+        missing.append(
             f"the request's MCP server token(s) for {names} are not in the journal (only a fingerprint is);"
             " supply them with --mcp-token NAME=TOKEN"
         )
+    by_redaction = {redact_url(url): url for url in secret_urls}
+    missing_urls: list[str] = []
+    for recorded in dict.fromkeys(_redacted_urls(data, [])):
+        real = by_redaction.get(recorded)
+        if real is None:
+            missing_urls.append(recorded)
+            continue
+        for quoted in {json.dumps(recorded), json.dumps(recorded, ensure_ascii=False)}:
+            out = out.replace(quoted, json.dumps(real, ensure_ascii=False))
+    if missing_urls:
+        names = ", ".join(repr(u) for u in missing_urls)
+        missing.append(
+            f"the credentials of the URL(s) {names} are not in the journal (only fingerprints are);"
+            " supply each as the client sent it with --secret-url URL"
+        )
+    if missing:
+        raise ReplayError("; ".join(missing))
     return out
+
+
+def _redacted_urls(value: Any, found: list[str]) -> list[str]:
+    """Every string in `value` that is an http(s) URL with a redacted credential."""
+    if isinstance(value, str):
+        if _REDACTED_IN_URL in value and value.strip()[:8].lower().startswith(("http://", "https://")):
+            found.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _redacted_urls(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _redacted_urls(item, found)
+    return found
 
 
 @dataclass
@@ -148,6 +187,7 @@ async def replay_to(
     exact: bool = False,
     text: bool | None = None,
     mcp_tokens: Mapping[str, str] | None = None,
+    secret_urls: Iterable[str] = (),
     timeout: float = 600.0,
 ) -> RemoteResult:
     """Send the recorded request to `url` (a gateway's or worker's base URL), journal the run
@@ -164,7 +204,7 @@ async def replay_to(
         raise ReplayError("the journal holds no body for it (none recorded, or --journal-bodies none): nothing to send")
     if _FINGERPRINT in received.body:
         raise ReplayError("the body was journaled redacted (--journal-bodies redacted): replay needs full bodies")
-    body = body_to_send(received.body, mcp_tokens)
+    body = body_to_send(received.body, mcp_tokens, secret_urls)
     sent_headers = forwarded_headers(received.headers, headers, original_id)
     target = url.rstrip("/") + received.path + (f"?{received.query}" if received.query else "")
     result = RemoteResult(replay_id=new_replay_id(), original_id=original_id, url=target)

@@ -65,6 +65,14 @@ def replay(
         list[str] | None,
         typer.Option("--mcp-token", help="NAME=TOKEN: an MCP server's authorization_token (repeatable)."),
     ] = None,
+    secret_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret-url",
+            help="A URL of the body as the client sent it, credentials included; it replaces the recorded URL"
+            " whose credentials were redacted (repeatable).",
+        ),
+    ] = None,
     journal: Annotated[
         str,
         typer.Option(
@@ -91,8 +99,8 @@ def replay(
         raise _fail("give exactly one of --to URL and --offline")
     if check_all and not offline:
         raise _fail("--check needs --offline")
-    if offline and (header or api_key or mcp_token or exact or text):
-        raise _fail("--header, --api-key, --mcp-token, --exact and --text go with --to")
+    if offline and (header or api_key or mcp_token or secret_url or exact or text):
+        raise _fail("--header, --api-key, --mcp-token, --secret-url, --exact and --text go with --to")
     if to is not None and tokenizer is not None:
         raise _fail("--tokenizer goes with --offline")
     if not check_all and not target:
@@ -116,7 +124,18 @@ def replay(
         # The fleet journal is written by the replicas' shippers, never by a reader: a replay
         # read from it is journaled by the gateway it goes to (marked `replay_of`), not here.
         here = None if is_postgres(journal) else journal
-        result = asyncio.run(replay_to(events, to, sent, here, exact=exact, text=text or None, mcp_tokens=tokens))
+        result = asyncio.run(
+            replay_to(
+                events,
+                to,
+                sent,
+                here,
+                exact=exact,
+                text=text or None,
+                mcp_tokens=tokens,
+                secret_urls=secret_url or (),
+            )
+        )
     except ReplayError as exc:
         raise _fail(str(exc)) from exc
     raise typer.Exit(_show_remote(console, result, exact))

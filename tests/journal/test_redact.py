@@ -222,12 +222,16 @@ CREDENTIAL_HEADERS = (
     "x-auth-token", "anthropic-api-key", "X-Amz-Security-Token", "x-client-secret", "x-apikey", "private-token",
     "x-access-token", "x_auth", "x-session-token", "x-csrf-token", "x-hub-signature-256", "x-password",
     "ocp-apim-subscription-key", "x-vault-token", "openai-api-key", "x-credentials", "x-bearer",
+    "x-cache-auth-token", "x-cache-secret",
 )  # fmt: skip
 PLAIN_HEADERS = (
     "content-type", "content-length", "user-agent", "anthropic-version", "anthropic-beta", "x-request-id",
     "request-id", "x-correlation-id", "x-trace-id", "traceparent", "x-claude-code-session-id", "x-session-id",
     "keep-alive", "accept-encoding", "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-input-tokens-limit",
     "idempotency-key", "x-stainless-retry-count", "x-forwarded-for", "host",
+    # Routing and cache keys: a replay needs them as sent.
+    "x-smg-routing-key", "x-smg-hops", "x-session-affinity", "x-affinity-key", "x-cache-key", "cache-key",
+    "x-prompt-cache-key", "x-cachekey", "x-stainless-session", "x-stainless-helper-method",
 )  # fmt: skip
 
 
@@ -293,3 +297,45 @@ def test_a_body_keeps_its_bytes_but_not_the_credentials_of_its_urls() -> None:
     assert "me:pw" not in json.dumps(json.loads(redact_body(escaped)))
     plain = json.dumps({"messages": [{"role": "user", "content": "https://example.com/?page=1"}]})
     assert redact_body(plain) is plain
+
+
+# Whether a body's URLs may hold a credential decides whether it is parsed at all; a body that
+# may hold one but does not parse is fingerprinted, so a cut-short body shows the decision.
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://user:pw@mcp.example/sse",
+        "HTTPS:\\/\\/me:pw\\u0040h.example\\/x",
+        "https://h.example/p?api_key=1",
+        "https://h.example/p?a=1&X-Amz-Signature=f",
+        "https://h.example/p?sig=1",
+        "https://h.example/p?%6Bey=1",
+        "https://h.example/p?a=1\\u0026token=2",
+        "https://h.example\\/p\\n?token=x",
+        'https://u:p\\"w@h.example/',
+    ],
+)
+def test_a_url_that_may_carry_a_credential_is_looked_at(url: str) -> None:
+    broken = '{"messages": [{"content": "' + url + '"'
+    assert redact_body(broken) == fingerprint(broken)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://registry.npmjs.org/@types/node/-/node-20.11.0.tgz",  # an @ in the path: no userinfo
+        "https://github.com/anthropics/claude-code/blob/main/README.md\\n// see @types/react",
+        "https://api.example.com/v1/items?page=2&limit=50",
+        "https://h.example/?q=monkey&x=1",  # a secret word in a value, not a name
+        'https://api.example.com\\";\\n  a@b',
+    ],
+)
+def test_a_url_that_cannot_carry_a_credential_costs_no_parse(url: str) -> None:
+    broken = '{"messages": [{"content": "' + url + '"'
+    assert redact_body(broken) == broken
+
+
+def test_a_body_only_the_standard_parser_takes_is_still_redacted() -> None:
+    body = '{"x": NaN, "mcp_servers": [{"url": "https://u:p@mcp.example/sse"}]}'
+    out = redact_body(body)
+    assert "u:p@" not in out and out.startswith('{"x": NaN')

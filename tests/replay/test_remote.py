@@ -3,15 +3,20 @@ deterministic answers, the replay journaled with `replay_of`, the original's row
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from journal.events import Completed, Received
 from journal.reader import JournalReader
 from journal.redact import redact_value
+from journal.writer import JournalWriter
 from replay.remote import ReplayError, body_to_send, forwarded_headers, replay_to
 from smg.cli.main import app
 from smg.projection import reconstruct
@@ -221,3 +226,45 @@ async def test_d_compares_a_replayed_error_with_its_original_without_a_false_cod
         body_text = text(app.screen.query_one("#modal-body").content)  # type: ignore[attr-defined]
         assert f"vs its original {original}: same" in title, body_text
         assert "error.code" not in body_text
+SECRET_IMAGE = "https://img.example/a.png?sig=image-secret&w=1"
+SECRET_MCP = "https://me:pw@mcp.example/sse"
+
+
+def _url_body(*urls: str) -> str:
+    content: list[Any] = [{"type": "image", "source": {"type": "url", "url": url}} for url in urls]
+    return json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": content}]})
+
+
+async def _record(journal: Path, request_id: str, body: str) -> None:
+    writer = JournalWriter(journal)
+    await writer.start()
+    await writer.append(request_id, 0, Received(method="POST", path="/v1/messages", body=body, ts=1.0))
+    await writer.append(request_id, 1, Completed(status=200, duration_ms=1.0))
+    await writer.close()
+
+
+def test_a_url_whose_credentials_were_redacted_is_not_replayed_unless_supplied(tmp_path: Path) -> None:
+    journal = tmp_path / "j.db"
+    body = _url_body(SECRET_IMAGE, SECRET_MCP)
+    asyncio.run(_record(journal, "orig-url", body))
+
+    with socket.socket() as target:  # the replay must not even connect
+        target.bind(("127.0.0.1", 0))
+        target.listen()
+        target.setblocking(False)
+        url = f"http://127.0.0.1:{target.getsockname()[1]}"
+        result = runner.invoke(app, ["replay", "orig-url", "--to", url, "--journal", str(journal)])
+        assert result.exit_code != 0
+        assert "--secret-url" in result.output and "img.example/a.png?sig=[redacted" in result.output
+        assert "mcp.example" in result.output
+        with pytest.raises(BlockingIOError):
+            target.accept()
+
+    with JournalReader(journal) as reader:
+        received = reader.events("orig-url")[0][1]
+    assert isinstance(received, Received) and received.body is not None and "image-secret" not in received.body
+    # Supplied as the client sent them, both go back in place: the body as the client sent it.
+    assert body_to_send(received.body, secret_urls=[SECRET_MCP, SECRET_IMAGE]) == body
+    with pytest.raises(ReplayError, match="mcp.example") as refused:
+        body_to_send(received.body, secret_urls=[SECRET_IMAGE])
+    assert "img.example" not in str(refused.value)

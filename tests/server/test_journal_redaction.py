@@ -67,3 +67,27 @@ def test_credential_headers_and_url_credentials_are_journaled_redacted(
     assert '-H "x-goog-api-key: ${SMG_X_GOOG_API_KEY}"' in curl.stdout
     assert '-H "api-key: ${SMG_API_KEY}"' in curl.stdout
     assert not any(secret in curl.stdout for secret in (*HEADERS.values(), *URL_SECRETS))
+
+
+ROUTING_HEADERS = {
+    "x-smg-routing-key": "user-42",
+    "x-session-affinity": "sess-7",
+    "x-cache-key": "prompt-cache-1",
+    "x-stainless-session": "stainless-3",
+}
+
+
+def test_routing_and_cache_keys_are_journaled_as_sent(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    response = client.post("/v1/messages", json=body, headers={**ROUTING_HEADERS, "x-request-id": "routing-kept"})
+    assert response.status_code < 500, response.text
+    received = wait_for_events(journal_path, "routing-kept")[0]
+    assert isinstance(received, Received)
+    for name, value in ROUTING_HEADERS.items():
+        assert received.headers[name] == value  # a replay or a re-sent curl routes as the original did
+
+    curl = CliRunner().invoke(app, ["journal", "export", "routing-kept", "--as", "curl", "-j", str(journal_path)])
+    assert curl.exit_code == 0, curl.output
+    assert "-H 'x-smg-routing-key: user-42'" in curl.stdout and "SMG_X_SMG_ROUTING_KEY" not in curl.stdout
