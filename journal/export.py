@@ -44,6 +44,9 @@ _DROPPED = frozenset(
         "x-correlation-id",
         "x-trace-id",
         "request-id",
+        # The gateways the recorded request had passed through: a copy sent again from here has
+        # passed through none, and carrying the chain would get it refused (508) by one of them.
+        "x-smg-hops",
     }
 )
 # Linux refuses a single exec argument over 128 KiB; larger bodies go through a pipe.

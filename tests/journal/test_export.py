@@ -25,6 +25,11 @@ def test_curl_of_a_get_with_a_query_and_other_secrets() -> None:
     assert "Host" not in command
 
 
+def test_curl_leaves_out_the_hop_chain_the_recorded_request_carried() -> None:
+    received = Received(method="POST", path="/v1/messages", headers={"x-smg-hops": "a1b2c3d4e5f60718"}, body="{}")
+    assert "x-smg-hops" not in as_curl(received).lower()
+
+
 def test_curl_keeps_an_unusual_method_and_empty_body() -> None:
     command = as_curl(Received(method="DELETE", path="/v1/x", body=""))
     assert "-X DELETE" in command and "--data-binary" not in command
