@@ -60,7 +60,7 @@ def load(conn: psycopg.Connection[Any], table: list[Row], replicas: list[str]) -
     for n, replica in enumerate(replicas):
         by_replica.setdefault(replica, []).append(n)
     for replica, indexes in by_replica.items():
-        batch = Batch([], [], [], [])
+        batch = Batch([], [], [], [], [])
         for n in indexes:
             shipped = table[n]
             rk = n + 1
