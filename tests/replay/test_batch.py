@@ -9,6 +9,7 @@ cut off, an answer too slow for `--timeout`. The report must count each kind exa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from journal.events import Completed, Received
 from journal.reader import JournalReader
-from replay.batch import difference_kinds
+from journal.writer import JournalWriter
+from replay.batch import difference_kinds, select, selection
 from replay.diff import Difference, from_http
 from replay.quantiles import Quantiles
 from smg.cli.main import app
@@ -297,6 +300,40 @@ def test_a_query_that_selects_nothing_is_a_usage_error(
 
 
 # -- pieces -------------------------------------------------------------------------------
+
+
+def test_the_selection_is_read_by_arrival_a_page_at_a_time_ties_included(tmp_path: Path) -> None:
+    """Pages of two over seven requests, three of which arrived at the same instant (a page
+    boundary falls among them, and a page holds nothing but them): each once, oldest first,
+    none from `before` on, none of the replays."""
+    journal = tmp_path / "smg-journal.db"
+    arrivals = {"a": 100.0, "b": 101.0, "c": 102.0, "d": 102.0, "e": 102.0, "f": 103.0, "g": 104.0, "h": 200.0}
+
+    async def write() -> None:
+        writer = JournalWriter(journal)
+        await writer.start()
+        for rid, ts in arrivals.items():
+            headers = {"x-smg-replay-of": "a"} if rid == "f" else {}
+            await writer.append(
+                rid, 1, Received(method="POST", path="/v1/messages", request_id=rid, headers=headers, ts=ts)
+            )
+            await writer.append(rid, 2, Completed(status=200, duration_ms=1.0))
+        await writer.close()
+
+    asyncio.run(write())
+    with JournalReader(journal) as reader:
+        assert reader.get_request("f")["replay_of"] == "a"  # type: ignore[index]
+        got = [r["id"] for r in select(reader, selection(""), before=150.0, page=2)]
+        assert got == ["a", "b", "c", "d", "e", "g"]
+        assert [r["id"] for r in select(reader, selection("", include_replays=True), before=150.0, page=1)] == [
+            "a",
+            "b",
+            "c",
+            "d",
+            "e",
+            "f",
+            "g",
+        ]
 
 
 @pytest.mark.parametrize(
