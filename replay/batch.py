@@ -39,7 +39,8 @@ KINDS = ("text", "tool_calls", "stop_reason", "status", "usage", "other")
 FAILURES = ("connection", "timeout", "broke_off")
 """Why a replay got no whole answer (`RemoteResult.failure`)."""
 EXAMPLES = 20
-"""Ids kept per kind of difference or failure, to look at with `smg journal diff`."""
+"""Ids kept per kind of difference or failure (and of skipped requests), to look at with
+`smg journal diff ORIGINAL REPLAY`."""
 _PAGE = 500
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 
@@ -137,6 +138,7 @@ class Tally:
     different: int = 0
     failed: int = 0
     skipped: int = 0
+    text_compared: int = 0  # answers whose text was compared (a greedy request, or --text)
     by_kind: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
     skip_reasons: Counter[str] = field(default_factory=Counter)
@@ -150,6 +152,7 @@ class Tally:
 
     def skip(self, row: Mapping[str, Any], reason: str) -> None:
         self.skipped += 1
+        self._example("skipped", {"id": str(row["id"]), "reason": reason})
         # Reasons name URLs and servers; a few hundred distinct ones say enough.
         if reason in self.skip_reasons or len(self.skip_reasons) < 200:
             self.skip_reasons[reason] += 1
@@ -168,15 +171,15 @@ class Tally:
             return
         _timing(self.latency["candidate"], result.latency_ms)
         _timing(self.ttft["candidate"], result.ttft_ms)
+        self.text_compared += 1 if result.text_compared else 0
         if result.identical:
             self.identical += 1
             return
         self.different += 1
-        kinds = difference_kinds(result.differences)
-        for kind in kinds:
+        fields = [d.path for d in result.differences][:10]
+        for kind in difference_kinds(result.differences):
             self.by_kind[kind] += 1
-            paths = [d.path for d in result.differences]
-            self._example(kind, {**example, "fields": paths[:10]})
+            self._example(kind, {**example, "fields": fields})
 
     def _example(self, key: str, example: dict[str, Any]) -> None:
         kept = self.examples.setdefault(key, [])
@@ -205,6 +208,7 @@ class Tally:
             "different": self.different,
             "failed": self.failed,
             "skipped": self.skipped,
+            "text_compared": self.text_compared,
             "different_by_kind": {kind: self.by_kind[kind] for kind in KINDS},
             "failed_by_kind": {kind: self.failures[kind] for kind in FAILURES},
             "skipped_reasons": dict(self.skip_reasons.most_common()),
@@ -213,6 +217,7 @@ class Tally:
             "examples": {
                 "different": {kind: self.examples.get(kind, []) for kind in KINDS},
                 "failed": {kind: self.examples.get(f"failed.{kind}", []) for kind in FAILURES},
+                "skipped": self.examples.get("skipped", []),
             },
         }
 

@@ -84,6 +84,12 @@ def _show(console: Console, data: dict[str, Any]) -> None:
         f" (concurrency {options['concurrency']}{pace}): [green]{data['identical']} identical[/],"
         f" [red]{data['different']} different[/], [yellow]{data['failed']} failed[/], {data['skipped']} skipped"
     )
+    answered = data["replayed"] - data["failed"]
+    if data["text_compared"] < answered:
+        console.print(
+            f"[dim]text compared on {data['text_compared']} of {answered} answers: the others sample (neither"
+            " temperature 0 nor top_k 1); --text compares them anyway[/]"
+        )
     kinds = ", ".join(f"{kind} {n}" for kind, n in data["different_by_kind"].items() if n)
     if kinds:
         console.print(f"different by kind (a request may differ in several): {kinds}")

@@ -49,6 +49,29 @@ TRAFFIC = {
     "r12": False,  # slower than --timeout: failed (timeout)
 }
 TIMEOUT_SECS = 2
+MCP_SERVER = {"type": "url", "name": "docs", "url": "http://127.0.0.1:9/mcp", "authorization_token": "sk-mcp-secret"}
+REPORT_KEYS = {
+    "schema",
+    "target",
+    "query",
+    "journal",
+    "started_at",
+    "finished_at",
+    "options",
+    "selected",
+    "replayed",
+    "identical",
+    "different",
+    "failed",
+    "skipped",
+    "text_compared",
+    "different_by_kind",
+    "failed_by_kind",
+    "skipped_reasons",
+    "latency_ms",
+    "ttft_ms",
+    "examples",
+}
 
 
 def _body(name: str, stream: bool, word: str = SELECTED) -> dict[str, Any]:
@@ -79,8 +102,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
                         "/v1/messages", json=_body(name, False, "giraffe"), headers={"x-request-id": name}
                     )
                     assert response.status_code == 200
+                # An MCP server's token: the journal keeps only its fingerprint.
+                secret = _body("s1", False, "walrus") | {"mcp_servers": [MCP_SERVER]}
+                assert client.post("/v1/messages", json=secret, headers={"x-request-id": "s1"}).status_code == 200
             ids: dict[str, str] = {}
-            for name in [*TRAFFIC, "other1", "other2"]:
+            for name in [*TRAFFIC, "other1", "other2", "s1"]:
                 ids[name] = wait_for_events(journal, name)[0].request_id  # type: ignore[attr-defined]
         finally:
             gateway.stop()
@@ -189,7 +215,10 @@ def test_a_query_replayed_against_a_candidate_counts_each_kind(
     )
     assert result.exit_code == 1, result.output
     report = json.loads(report_path.read_text())
-    assert report["schema"] == "smg.replay.batch/1"
+    assert report["schema"] == "smg.replay.batch/1" and set(report) == REPORT_KEYS
+    assert report["options"] == {"concurrency": 4, "rate": None, "timeout": 2.0, "exact": False, "text": None}
+    assert set(report["examples"]) == {"different", "failed", "skipped"}
+    assert report["query"] == SELECTED and report["target"] == candidate.url
     assert (report["selected"], report["replayed"], report["skipped"]) == (12, 12, 0)
     assert (report["identical"], report["different"], report["failed"]) == (3, 6, 3)
     assert report["different_by_kind"] == {
@@ -201,6 +230,7 @@ def test_a_query_replayed_against_a_candidate_counts_each_kind(
         "other": 0,
     }
     assert report["failed_by_kind"] == {"connection": 1, "timeout": 1, "broke_off": 1}
+    assert report["text_compared"] == 9  # every whole answer: the requests decode greedily
     names = {v: k for k, v in ids.items()}
     examples = report["examples"]
     assert sorted(names[e["id"]] for e in examples["different"]["text"]) == ["r02", "r05"]
@@ -285,6 +315,29 @@ def test_one_id_keeps_the_single_form_unless_a_batch_flag_is_given(
     report = json.loads(report_path.read_text())
     assert (report["selected"], report["different"], report["different_by_kind"]["text"]) == (1, 1, 1)
     assert _replay(journal, ids["r02"], candidate.url, "--fail-on-diff").exit_code == 1
+
+
+def test_a_request_whose_secret_nobody_supplied_is_skipped_and_counted(
+    recorded: tuple[Path, dict[str, str]], candidate: Spawned, tmp_path: Path
+) -> None:
+    journal, ids = recorded
+    report_path = tmp_path / "skipped.json"
+    result = _replay(journal, "walrus", candidate.url, "--report", str(report_path), "--fail-on-diff")
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert (report["selected"], report["replayed"], report["skipped"]) == (1, 0, 1)
+    (reason,) = report["skipped_reasons"]
+    assert "--mcp-token" in reason and "'docs'" in reason
+    assert report["examples"]["skipped"] == [{"id": ids["s1"], "reason": reason}]
+    assert "skipped 1" in result.output
+    assert Scripted(candidate.url).received() == []  # never sent with a fingerprint for a token
+    supplied = _replay(
+        journal, "walrus", candidate.url, "--mcp-token", "docs=sk-mcp-secret", "--report", str(report_path)
+    )
+    assert supplied.exit_code == 0, supplied.output
+    assert json.loads(report_path.read_text())["replayed"] == 1
+    (sent,) = Scripted(candidate.url).received()
+    assert sent["json"]["mcp_servers"][0]["authorization_token"] == "sk-mcp-secret"
 
 
 def test_a_query_that_selects_nothing_is_a_usage_error(
