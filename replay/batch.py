@@ -133,6 +133,7 @@ class Tally:
     options: Options
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    interrupted: bool = False  # stopped before the end of the selection (Ctrl-C)
     replayed: int = 0
     identical: int = 0
     different: int = 0
@@ -163,7 +164,7 @@ class Tally:
         self.replayed += 1
         _timing(self.latency["recorded"], row.get("duration_ms"))
         _timing(self.ttft["recorded"], row.get("ttfe_ms"))
-        example = {"id": result.original_id, "replay_id": result.replay_id, "status": result.status}
+        example = {"id": str(row["id"]), "replay_id": result.replay_id, "status": result.status}
         if result.failure is not None:
             self.failed += 1
             self.failures[result.failure] += 1
@@ -195,6 +196,7 @@ class Tally:
             "journal": self.journal,
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at) if self.finished_at is not None else None,
+            "interrupted": self.interrupted,
             "options": {
                 "concurrency": self.options.concurrency,
                 "rate": self.options.rate,
@@ -310,8 +312,11 @@ async def run(
             if running:
                 await asyncio.gather(*running)
     finally:
+        # Interrupted (Ctrl-C cancels this task): the requests in flight are abandoned, and
+        # waited for so that their runs are journaled up to where they stopped.
         for task in running:
             task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         if writer is not None:
             await writer.close()
         tally.finished_at = time.time()

@@ -19,6 +19,7 @@ head and chunks (a stream) or body, an `error` when the target could not be reac
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import string
@@ -253,11 +254,18 @@ async def replay_to(
         if validated is not None:
             await emit(validated)
         await emit(Routed(backend="replay", worker=url, model=_model_of(body)))
-        if client is None:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as own:
-                failed = await _exchange(result, own, received.method, target, body, sent_headers, url, emit)
-        else:
-            failed = await _exchange(result, client, received.method, target, body, sent_headers, url, emit)
+        try:
+            if client is None:
+                async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as own:
+                    failed = await _exchange(result, own, received.method, target, body, sent_headers, url, emit)
+            else:
+                failed = await _exchange(result, client, received.method, target, body, sent_headers, url, emit)
+        except asyncio.CancelledError:
+            # Abandoned (a batch stopped by Ctrl-C): the run is closed as a gateway closes a
+            # request whose client went away, rather than left in flight.
+            duration = round((time.perf_counter() - t0) * 1000, 3)
+            await emit(Completed(status=result.status or 499, duration_ms=duration, disconnected=True))
+            raise
         if result.status is not None and result.status >= 400:
             await emit(_target_error(result))
         usage = UsageReader()

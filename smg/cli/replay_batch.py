@@ -6,7 +6,8 @@ to first token of the candidate beside the recorded ones, and a few ids of each 
 at (`smg journal diff ORIGINAL REPLAY`). `--report FILE.json` writes `Tally.report()`.
 
 Exit codes: 0 when the batch ran (whatever it found), 1 with `--fail-on-diff` when a request
-was different or failed, 2 when nothing could be selected or the report cannot be written.
+was different or failed, 2 when nothing could be selected or the report cannot be written,
+130 when Ctrl-C stopped it (the summary and report then say what was replayed until then).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from rich.table import Table
 
 from journal.store import JournalStore
 from replay.batch import FAILURES, KINDS, Tally, run
+from smg.cli.journal import _stop_on_ctrl_c
 
-OK, DIFFERENT, USAGE = 0, 1, 2
+OK, DIFFERENT, USAGE, INTERRUPTED = 0, 1, 2, 130
 _SHOWN = 5  # ids shown per kind in the text summary (the JSON report keeps more)
 
 
@@ -58,8 +60,12 @@ def replay_batch(
         counts = f"{done.identical} same · {done.different} diff · {done.failed} failed · {done.skipped} skipped"
         progress.update(bar, completed=done.done, counts=counts)
 
-    with progress:
-        asyncio.run(run(store, rows, url, tally, journal_path, on_done=advance))
+    _stop_on_ctrl_c()
+    try:
+        with progress:
+            asyncio.run(run(store, rows, url, tally, journal_path, on_done=advance))
+    except KeyboardInterrupt:
+        tally.interrupted = True
     data = tally.report()
     if report is not None:
         try:
@@ -67,10 +73,13 @@ def replay_batch(
         except OSError as exc:
             Console(stderr=True).print(f"[red]error:[/] cannot write the report {escape(str(report))}: {exc}")
             return USAGE
-    if not tally.done:
+    if not tally.done and not tally.interrupted:
         Console(stderr=True).print(f"[red]error:[/] no request matches {tally.query!r} in {escape(tally.journal)}")
         return USAGE
     _show(console, data)
+    if tally.interrupted:
+        console.print("[yellow]interrupted[/]: the counts are those of the requests replayed before Ctrl-C")
+        return INTERRUPTED
     if fail_on_diff and (tally.different or tally.failed):
         return DIFFERENT
     return OK

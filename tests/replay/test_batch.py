@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,7 @@ REPORT_KEYS = {
     "journal",
     "started_at",
     "finished_at",
+    "interrupted",
     "options",
     "selected",
     "replayed",
@@ -338,6 +344,41 @@ def test_a_request_whose_secret_nobody_supplied_is_skipped_and_counted(
     assert json.loads(report_path.read_text())["replayed"] == 1
     (sent,) = Scripted(candidate.url).received()
     assert sent["json"]["mcp_servers"][0]["authorization_token"] == "sk-mcp-secret"
+
+
+def test_ctrl_c_stops_the_batch_with_the_report_so_far(
+    recorded: tuple[Path, dict[str, str]], candidate: Spawned, tmp_path: Path
+) -> None:
+    """Interrupted while the second request is held by the candidate: the report says the first,
+    the run of the second is closed in the journal (not left in flight), and the exit is 130."""
+    journal, ids = recorded
+    scripted = Scripted(candidate.url)
+    scripted.script({"when_body_contains": "[r02]", "delay_ms": 600_000})
+    report_path = tmp_path / "interrupted.json"
+    args = ["replay", SELECTED, "--to", candidate.url, "-j", str(journal), "--report", str(report_path)]
+    proc = subprocess.Popen([sys.executable, "-m", "smg", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(scripted.received()) < 2:  # the candidate holds r02
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    report = json.loads(report_path.read_text())
+    assert report["interrupted"] is True
+    assert (report["replayed"], report["identical"]) == (1, 1)
+    (run,) = [r for r in _replays_of(journal, {ids["r02"]}) if r["ts"] >= _iso_ts(report["started_at"])]
+    assert run["completed"] and run["status"] == 499
+
+
+def _iso_ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() - 0.001
 
 
 def test_a_query_that_selects_nothing_is_a_usage_error(
