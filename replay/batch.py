@@ -81,7 +81,9 @@ def select(store: JournalStore, query: str, *, before: float, page: int = _PAGE)
         fresh = 0
         for row in rows:
             ts = row.get("ts")
-            if ts is None or ts >= before:
+            if ts is None:  # no arrival time (sorted first): it cannot be paged by arrival
+                continue
+            if ts >= before:
                 return
             rid = str(row["id"])
             if ts == since and rid in at_since:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -358,7 +358,7 @@ def _batch(
             total: int | None = reader.count(query)
         except QueryError as exc:
             raise _fail(f"no request {target!r} in {reader.location}, and it is not a query: {exc}") from exc
-        rows: Any = select(reader, query, before=time.time())
+        rows: Iterable[Mapping[str, Any]] = select(reader, query, before=time.time())
     else:
         assert one is not None
         rows, total = [one], 1
