@@ -203,41 +203,10 @@ def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -
 def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     """The router with a connector for each kind of worker the gateway may serve (all of them in
     IGW mode), and the static workers it starts with."""
-    from smg.backends.anthropic import AnthropicConnector
-    from smg.backends.base import Connector
-    from smg.backends.grpc.backend import EngineConnector
-    from smg.backends.grpc.pd import GrpcPdConnector
-    from smg.backends.http.pd import HttpPdConnector
-    from smg.backends.http.relay import HttpConnector
-    from smg.backends.zmq.connector import zmq_connector
-    from smg.pipeline.tokenizers.registry import TokenizerRegistry
+    from smg.cli.connectors import build_connectors
 
-    kinds = {worker_kind(u) for u in config.worker_urls}
-    legs = {worker_kind(u) for u, _ in [*config.prefill_urls, *config.encode_urls]} | {
-        worker_kind(u) for u in config.decode_urls
-    }
+    connectors = build_connectors(config)
     anthropic = config.backend == "anthropic"
-    igw, pd, epd = config.router.igw, config.router.pd, config.router.epd
-    connectors: dict[str, Connector] = {}
-    if igw or anthropic:
-        connectors["anthropic"] = AnthropicConnector(config)
-    # gRPC and ZMQ engines serving one model share its tokenizer.
-    tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
-    if igw or (kinds == {"grpc"} and not anthropic) or "grpc" in legs:
-        grpc = EngineConnector(config, tokenizers)
-        connectors["grpc"] = grpc
-        # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
-        if igw or (pd and "grpc" in legs):
-            connectors["pd-grpc"] = GrpcPdConnector(grpc)
-        if epd:
-            connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
-    if igw or (kinds == {"zmq"} and not anthropic):
-        connectors["zmq"] = zmq_connector(config, tokenizers)
-    if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
-        relay = HttpConnector(config)
-        connectors["http"] = relay
-        if igw or pd:
-            connectors["pd-http"] = HttpPdConnector(config, relay)
     specs = [
         WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
         if anthropic
