@@ -408,7 +408,7 @@ def test_readiness_needs_a_healthy_worker_in_each_role(sglang: Deployment) -> No
         eventually(lambda: readiness() == 200, "ready with both roles healthy")
         sglang.controls["prefill"].health(False)
         eventually(lambda: readiness() == 503, "not ready without a healthy prefill worker")
-        assert "pd-grpc workers not ready" in httpx.get(gateway.url + "/readiness").json()["reason"]
+        assert "grpc-pd workers not ready" in httpx.get(gateway.url + "/readiness").json()["reason"]
         sglang.controls["prefill"].health(True)
         eventually(lambda: readiness() == 200, "ready again")
     finally:

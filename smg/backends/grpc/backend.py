@@ -525,7 +525,3 @@ class EngineConnector:
         task = asyncio.get_running_loop().create_task(abort(), name=f"smg-abort-{request_id}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
-
-
-# The name the gRPC path has always had.
-GrpcConnector = EngineConnector
