@@ -277,7 +277,8 @@ class GrpcPdConnector:
     # requests
 
     def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
-        return self._grpc.serve(call, pool, attempts, self._generate, multimodal="encode" in self._roles)
+        multimodal = "encode" in self._roles
+        return self._grpc.serve(call, pool, attempts, self._generate, multimodal=multimodal, backend=self.name)
 
     async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
         grpc = self._grpc
