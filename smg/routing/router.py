@@ -358,8 +358,9 @@ class Router:
         itself (`Connector.generates`) rather than relaying one."""
         return any(c.generates for c in self._connectors.values() if c.name == backend)
 
-    def connector(self, key: PoolKey) -> Connector | None:
-        return self._connectors.get(key)
+    def connector(self, key: PoolKey | str) -> Connector | None:
+        """A pool's connector, by its key or its name (`"grpc-pd"`)."""
+        return self._connectors.get(PoolKey.parse(key) if isinstance(key, str) else key)
 
     def provider_worker(self, provider: str) -> Worker | None:
         """An available worker of an external provider (for answers the provider's API gives

@@ -8,10 +8,12 @@ import dataclasses
 
 import pytest
 
+from smg.backends.http.relay import HttpConnector
 from smg.cli.connectors import build_connectors
 from smg.config import GatewayConfig
 from smg.routing.config import RouterConfig
 from smg.routing.pools import ANTHROPIC, GRPC, GRPC_EPD, GRPC_PD, HTTP, HTTP_PD, ZMQ, PoolKey
+from smg.routing.router import Router
 from smg.routing.workers import Worker
 
 
@@ -108,3 +110,10 @@ def test_every_connector_goes_by_the_name_of_the_pool_it_serves(config: GatewayC
     names = asyncio.run(built())
     assert list(names) == expected
     assert all(name == pool.name for pool, name in names.items())
+
+
+def test_the_router_finds_a_pools_connector_by_its_key_or_its_name() -> None:
+    relay = HttpConnector(GatewayConfig())
+    router = Router(RouterConfig(pd=True), {"http-pd": relay})
+    assert router.connector(HTTP_PD) is relay and router.connector("http-pd") is relay
+    assert router.connector(HTTP) is None
