@@ -51,11 +51,8 @@ _MULTI_VALUE = (
     "--ipc-dir",
     "--fetch-allow",
 )
-# Every `smg launch` setting, declared on the settings it fills (`smg.flags.option`): the
-# gateway's own, the launching process's, then the components'.
-_SETTINGS = (
-    GatewayConfig,
-    ProcessConfig,
+# The components: their flags are declared on their settings (`smg.flags.option`).
+_COMPONENTS = (
     RouterConfig,
     EngineConfig,
     PolicyConfig,
@@ -70,6 +67,9 @@ _SETTINGS = (
     SinkConfig,
     JournalBufferConfig,
 )
+# Every `smg launch` setting, declared on the settings it fills: the gateway's own, the launching
+# process's, then the components'.
+_SETTINGS = (GatewayConfig, ProcessConfig, *_COMPONENTS)
 
 
 def router_config(params: dict[str, Any]) -> RouterConfig:
