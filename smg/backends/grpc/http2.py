@@ -129,7 +129,7 @@ class _ProtocolError(Exception):
 # -- events: what changed, for the side that waits -----------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Readable:
     """Messages arrived on the stream, or it ended (`StreamState.ended`): its reader wakes, and
     once it has ended its sender too."""
@@ -137,26 +137,26 @@ class Readable:
     stream_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Writable:
     """The stream's send window grew (0: the connection's): a sender waiting for it wakes."""
 
     stream_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Settled:
     """The peer's first SETTINGS: its limits are known and calls may start."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GoingAway:
     """The peer sent GOAWAY: no new stream starts here (`ClientConnection.closed`)."""
 
     error: EngineError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Closed:
     """The connection is over (a protocol error, its loss, or closed by this side): every stream
     on it has failed."""
@@ -172,6 +172,7 @@ class StreamState:
 
     __slots__ = (
         "id",
+        "readable",
         "messages",
         "partial",
         "headers",
@@ -185,6 +186,7 @@ class StreamState:
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
+        self.readable = Readable(stream_id)  # made once: it is reported on every read that brings messages
         self.messages: deque[bytes] = deque()
         self.partial = bytearray()  # the start of a message the next DATA frame continues
         self.headers: dict[str, str] | None = None
@@ -224,7 +226,7 @@ class ClientConnection:
         self._buffer = bytearray()
         self._awaited = 0  # the size of the frame `_buffer` holds the start of
         self._block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
-        self._readable: dict[int, None] = {}  # stream ids, in order, once each
+        self._readable: dict[int, Readable] = {}  # by stream id, in order, once each
         self._events: list[Event] = []
         settings = b"".join(
             struct.pack(">HL", key, value)
@@ -252,7 +254,7 @@ class ClientConnection:
         return out
 
     def _drain(self) -> list[Event]:
-        events: list[Event] = [Readable(i) for i in self._readable]
+        events: list[Event] = list(self._readable.values())
         self._readable.clear()
         if self._events:
             events += self._events
@@ -299,6 +301,11 @@ class ClientConnection:
         if self.unacked >= CONNECTION_WINDOW // 2:
             self.outbound += frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.unacked))
             self.unacked = 0
+        readable = self._readable
+        if not self._events:  # what most reads bring: messages, and nothing else (`_drain`, inline)
+            events: list[Event] = list(readable.values())
+            readable.clear()
+            return events
         return self._drain()
 
     def _data(self, payload: memoryview, flags: int, stream_id: int, length: int) -> None:
@@ -351,7 +358,7 @@ class ClientConnection:
         if pos < size:
             partial += data[pos:]
         if len(messages) > arrived:
-            self._readable[stream.id] = None
+            self._readable[stream.id] = stream.readable
         if stream.credit >= _CREDIT_AT and stream.buffered < _WITHHOLD_AT:
             self._give_back(stream)
         if flags & END_STREAM:
@@ -528,11 +535,11 @@ class ClientConnection:
         if not stream.ended:
             stream.error = error
             stream.ended = True
-        self._readable[stream.id] = None
+        self._readable[stream.id] = stream.readable
 
     def _forget(self, stream: StreamState) -> None:
         self.streams.pop(stream.id, None)
-        self._readable[stream.id] = None
+        self._readable[stream.id] = stream.readable
 
     def _abandon(self, reason: str, code: int) -> None:
         self.outbound += frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(code) + reason.encode()[:256])

@@ -38,8 +38,18 @@ from smg.backends.grpc.http2 import (
 )
 from smg.backends.grpc.types import EngineError
 
-__all__ = ["STREAM_WINDOW", "Call", "Channel", "Connection", "NotStarted", "Refused", "Stream", "method_path"]
-__all__ += ["status_name"]
+# The names the engine clients, tests and benches import from here, the protocol's among them.
+__all__ = [
+    "STREAM_WINDOW",
+    "Call",
+    "Channel",
+    "Connection",
+    "NotStarted",
+    "Refused",
+    "Stream",
+    "method_path",
+    "status_name",
+]
 
 
 class Stream:
@@ -135,8 +145,10 @@ class Connection(asyncio.Protocol):
         self._dispatch(self.protocol.close(EngineError("UNAVAILABLE", reason)))
 
     def data_received(self, data: bytes) -> None:
-        events = self.protocol.receive(data)
-        self.flush()
+        protocol = self.protocol
+        events = protocol.receive(data)
+        if protocol.outbound or protocol.closed is not None:
+            self.flush()
         if events:
             self._dispatch(events)
 
@@ -156,7 +168,7 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, events: list[Event]) -> None:
         streams = self.streams
         for event in events:
-            if isinstance(event, Readable):
+            if type(event) is Readable:
                 stream = streams.get(event.stream_id)
                 if stream is not None:
                     stream.wake()
