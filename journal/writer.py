@@ -221,6 +221,7 @@ class JournalWriter:
         commit_interval_s: float = 0.01,
         recover: bool = False,
         drop_log_interval_s: float = 10.0,
+        secret: bytes | None = None,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
@@ -233,7 +234,8 @@ class JournalWriter:
         `recover`: at start, close the requests a stopped writer left in flight as
         `interrupted` (`journal.recovery`; one process of those sharing a file does it).
         `drop_log_interval_s`: while events are dropped, at most one log line per interval
-        says how many were since the last one."""
+        says how many were since the last one. `secret`: what the fingerprints of redacted
+        secrets are keyed with (`journal.redact`; None: bare SHA-256)."""
         if max_batch < 1 or queue_size < 1 or max_held < 2:
             raise ValueError("queue_size and max_batch must be positive, max_held at least 2")
         queue_size = min(queue_size, max_held // 2)
@@ -281,6 +283,7 @@ class JournalWriter:
         self._incident_since: float | None = None
         self._incident_dropped = 0
         self._drop_log_interval = drop_log_interval_s
+        self._secret = secret
         self._drop_logged_at = 0.0
         self._unlogged_drops = 0
         # Requests whose `completed` event was dropped: (seq, t) of it, closed once commits
@@ -352,7 +355,7 @@ class JournalWriter:
             self._events_dropped += 1
             return
         try:
-            item = (request_id, seq, redacted(event))
+            item = (request_id, seq, redacted(event, self._secret))
         except Exception:
             # Never store what could not be redacted; never fail the request over it.
             self._events_dropped += 1
@@ -374,7 +377,7 @@ class JournalWriter:
             self._events_dropped += 1
             return True
         try:
-            item = (request_id, seq, redacted(event))
+            item = (request_id, seq, redacted(event, self._secret))
         except Exception:
             self._events_dropped += 1
             log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))

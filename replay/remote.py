@@ -32,7 +32,7 @@ import httpx
 
 from journal.events import Completed, Error, Event, Received, Routed, Upstream, Validated
 from journal.pieces import TextPieces, text_piece
-from journal.redact import SECRET_HEADERS, redact_url
+from journal.redact import SECRET_HEADERS, read_secret, redact_url
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
 from replay.diff import Difference, Outcome, deterministic, diff, from_http
@@ -209,7 +209,8 @@ async def replay_to(
     target = url.rstrip("/") + received.path + (f"?{received.query}" if received.query else "")
     result = RemoteResult(replay_id=new_replay_id(), original_id=original_id, url=target)
 
-    writer = JournalWriter(journal_path) if journal_path is not None else None
+    # Fingerprints keyed as the gateway writing that journal keys them (`journal.redact`).
+    writer = JournalWriter(journal_path, secret=read_secret(journal_path)) if journal_path is not None else None
     seq = 0
     t0 = time.perf_counter()
 

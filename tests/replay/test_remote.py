@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from journal.events import Completed, Received
 from journal.reader import JournalReader
-from journal.redact import redact_value
+from journal.redact import read_secret, redact_value
 from journal.writer import JournalWriter
 from replay.remote import ReplayError, body_to_send, forwarded_headers, replay_to
 from smg.cli.main import app
@@ -85,14 +85,16 @@ async def test_the_replay_run_is_journaled_as_sent_and_reconstructs(
     assert mine[-1].kind == "completed"
     received: Any = mine[0]
     # As sent: the operator's key (redacted by the writer), the marker, no request id of the original.
-    assert received.headers["authorization"] == redact_value(f"Bearer {API_KEY}")
+    key = read_secret(replay_journal)  # beside the journal: the gateway keyed its fingerprints with it
+    assert key is not None
+    assert received.headers["authorization"] == redact_value(f"Bearer {API_KEY}", key)
     assert received.headers["x-smg-replay-of"] == traffic["tool-stream"]
     assert "x-request-id" not in received.headers
     assert reconstruct(mine).body == result.body
     # The gateway saw the same: its row is marked too, under an id of its own.
     served: Any = theirs[0]
     assert served.headers["x-smg-replay-of"] == traffic["tool-stream"]
-    assert served.headers["authorization"] == redact_value(f"Bearer {API_KEY}")
+    assert served.headers["authorization"] == redact_value(f"Bearer {API_KEY}", key)
 
 
 def test_secrets_come_from_the_operator_not_the_journal(
