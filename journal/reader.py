@@ -215,6 +215,17 @@ class JournalReader:
         ).fetchall()
         return [_row(r) for r in rows]
 
+    def list_after(self, limit: int, *, query: str = "", after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        """Up to `limit` summary rows `query` selects whose row key (`rk`) is past `after`, in
+        the order the journal recorded them, each with its key: a scan of any size a page at a
+        time, each page a seek (no OFFSET to skip again), and rows added meanwhile come after."""
+        where, params = self.compile(query)
+        select = self._select.replace("SELECT ", "SELECT rk, ", 1)
+        rows = self._conn.execute(
+            f"{select} WHERE ({where}) AND rk > ? ORDER BY rk LIMIT ?", [*params, after, limit]
+        ).fetchall()
+        return [(int(r[0]), _row(r[1:])) for r in rows]
+
     def page(
         self, limit: int = 50, *, query: str = "", offset: int = 0, **options: Any
     ) -> tuple[list[dict[str, Any]], int]:
