@@ -147,10 +147,13 @@ class Keys:
         self._table: dict[bytes, Caller] = {}
         for key, tenant in tenant_keys.items():
             self._table[hashlib.sha256(key.encode()).digest()] = Caller("auth:" + tenant, shared=False)
+        self.shared_tenant: str | None = None
+        """The shared key's tenant name (None without `--api-key`)."""
         if api_key:
             digest = hashlib.sha256(api_key.encode()).digest()
             tenant = shared_tenant(api_key, secret if secret is not None else secrets.token_bytes(32))
             self._table[digest] = Caller(tenant, shared=True)
+            self.shared_tenant = tenant
         self._config = config
 
     @property

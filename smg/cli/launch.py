@@ -393,6 +393,11 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
     warn_if_admin_is_open(config, admission)
+    from smg.admission.startup import warn_about_tenant_names
+
+    warn_about_tenant_names(
+        config.api_key, admission, worker_registry=config.router.worker_registry, journal_sink=config.journal_sink.url
+    )
     if config.journal_path:
         check_journal(config.journal_path)
         from smg.admission.tenants import load_tenant_secret
