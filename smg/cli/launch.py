@@ -288,11 +288,8 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     IGW mode), and the static workers it starts with."""
     from smg.backends.anthropic import AnthropicConnector
     from smg.backends.base import Connector
-    from smg.backends.grpc.backend import EngineConnector
-    from smg.backends.grpc.pd import GrpcPdConnector
     from smg.backends.http.pd import HttpPdConnector
     from smg.backends.http.relay import HttpConnector
-    from smg.backends.zmq.connector import zmq_connector
     from smg.pipeline.tokenizers.registry import TokenizerRegistry
 
     kinds = {worker_kind(u) for u in config.worker_urls}
@@ -307,6 +304,10 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     # gRPC and ZMQ engines serving one model share its tokenizer.
     tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
     if igw or (kinds == {"grpc"} and not anthropic) or "grpc" in legs:
+        # Imported only for engine workers: gRPC and the engine pipeline cost a relay start-up time.
+        from smg.backends.grpc.backend import EngineConnector
+        from smg.backends.grpc.pd import GrpcPdConnector
+
         grpc = EngineConnector(config, tokenizers)
         connectors["grpc"] = grpc
         # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
@@ -315,6 +316,8 @@ def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
         if epd:
             connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
     if igw or (kinds == {"zmq"} and not anthropic):
+        from smg.backends.zmq.connector import zmq_connector
+
         connectors["zmq"] = zmq_connector(config, tokenizers)
     if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
         relay = HttpConnector(config)
