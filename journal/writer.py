@@ -41,7 +41,7 @@ backlog behind it instead of blocking `append`. Events are dropped only once `ma
 held in all (queued, backlog, prepared: new events then, or the oldest batches beyond it).
 `problem` says why the journal is failing: commits fail, one has waited over a second, or
 events were dropped (None once a commit succeeds again; `/readiness` reports it). One log line
-marks the start of an incident (its first failed commit or its first drop), one its first drop
+marks the start of an incident (its first failed commit, stalled commit or drop), one its first drop
 and then at most one per `drop_log_interval_s` the drops since the last line, and one its end
 with the count dropped during it, counted at the same moment as `stats`' `events_dropped`
 (which also counts events that cannot be stored at all). A request whose `completed` event was
@@ -410,6 +410,8 @@ class JournalWriter:
         assert self._thread is not None
         commit = asyncio.get_running_loop().run_in_executor(self._thread, self._write, events)
         while not (await asyncio.wait({commit}, timeout=_STALL_S))[0]:
+            if self._incident_since is None:  # not ready from now on (`problem`): say why in the log
+                self._begin_incident(f"a commit has waited over {_STALL_S:.0f}s for the file")
             self._relieve()
         commit.result()
 
@@ -510,7 +512,7 @@ class JournalWriter:
             return self._problem
         started = self._commit_started
         if started is not None and (waited := time.monotonic() - started) > _STALL_S:
-            return f"a commit to {self.path} has waited {waited:.1f}s"
+            return f"a commit to {self.path} has waited {waited:.1f}s (the file locked by another process, or slow)"
         if self._incident_since is not None and self._incident_dropped:
             return f"{self._incident_dropped} events dropped: commits to {self.path} are not keeping up"
         return None
