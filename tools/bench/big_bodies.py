@@ -5,8 +5,8 @@ case one fresh gateway that is sent one request whose 20 MiB sit in one part of 
 (system, a tool description, ...): the gateway's CPU seconds for it and its peak RSS.
 
 ``relay``: one gateway in front of the scripted HTTP worker; rounds of N concurrent 20 MiB
-bodies, the gateway's RSS after each round, and the latency of small requests sent meanwhile
-against their latency on an idle gateway.
+bodies, the gateway's RSS and CPU after each round, and the latency of small requests sent
+meanwhile (median and p99) against their latency on the idle gateway, with the ratio.
 
 Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``
 or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20] [--settle S] [--root DIR]``
@@ -36,9 +36,26 @@ MODEL = "qwen3-fixture"
 HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _figures(samples: list[float]) -> str:
+    if not samples:
+        return "none sent"
+    return f"median {statistics.median(samples) * 1e3:7.1f} ms, p99 {_p99(samples) * 1e3:7.1f} ms ({len(samples)} sent)"
 
 
 def _status_mb(pid: int, key: str) -> float:
@@ -135,29 +152,30 @@ def relay(args: argparse.Namespace) -> None:
             gateway = spawn_gateway([worker.url], journal=Path(tmp) / "j.db", extra=slow, root=args.root)
             pid = gateway.proc.pid
             with httpx.Client(base_url=gateway.url, timeout=600) as client:
-                idle = [_timed(client, small) for _ in range(50)]
-            print(
-                f"idle small request: median {statistics.median(idle) * 1e3:.1f} ms; rss {_status_mb(pid, 'VmRSS')} MB"
-            )
+                idle = [_timed(client, small) for _ in range(100)]
+            print(f"idle small request:          {_figures(idle)}; rss {_status_mb(pid, 'VmRSS')} MB")
             for n in range(1, args.rounds + 1):
                 busy: list[float] = []
                 stop = threading.Event()
                 with httpx.Client(base_url=gateway.url, timeout=600) as probe_client:
                     prober = threading.Thread(target=_probe, args=(probe_client, small, stop, busy))
                     prober.start()
-                    cpu0 = _cpu_seconds(pid)
+                    (user0, sys0), t0 = _cpu_split(pid), time.perf_counter()
                     _concurrently(args.bodies, lambda c: _timed(c, big), gateway.url)
+                    wall = time.perf_counter() - t0
                     stop.set()
                     prober.join()
-                cpu = _cpu_seconds(pid) - cpu0
-                med = statistics.median(busy) if busy else float("nan")
-                worst = max(busy) if busy else float("nan")
+                user1, sys1 = _cpu_split(pid)
+                rss, peak = _status_mb(pid, "VmRSS"), _status_mb(pid, "VmHWM")
                 print(
-                    f"round {n}: {args.bodies} x {args.mib} MiB; cpu {cpu:.1f} s; small request meanwhile: "
-                    f"median {med * 1e3:.1f} ms, max {worst * 1e3:.1f} ms ({len(busy)} sent); "
-                    f"rss after {_status_mb(pid, 'VmRSS')} MB, peak {_status_mb(pid, 'VmHWM')} MB",
+                    f"round {n}: {args.bodies} x {args.mib} MiB in {wall:.1f} s; gateway cpu "
+                    f"user {user1 - user0:.1f} s, sys {sys1 - sys0:.1f} s; rss after {rss} MB, peak {peak} MB",
                     flush=True,
                 )
+                print(f"  small request meanwhile:   {_figures(busy)}")
+                if busy:
+                    ratio = statistics.median(busy) / statistics.median(idle)
+                    print(f"  under load / idle:         median x{ratio:.1f}, p99 x{_p99(busy) / _p99(idle):.1f}")
                 time.sleep(args.settle)  # the journal commits what it holds; freed memory is released
                 print(f"  rss {args.settle:g} s later: {_status_mb(pid, 'VmRSS')} MB", flush=True)
     finally:
