@@ -10,7 +10,8 @@ credentials of every http(s) URL in a string (userinfo, credential-like query pa
 `[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
 of the value, so an operator can tell two keys apart (or match one they hold) without the
 journal storing anything usable. `redacted(event)` is applied once, by the writer, before an
-event is queued: whoever emits events needs no redaction of their own. The functions are
+event is queued (a `received` body over the writer's bound is left to `redacted_body`, which its
+thread applies before the event is stored): whoever emits events needs no redaction of their own. The functions are
 idempotent (a redacted value is left as it is).
 """
 

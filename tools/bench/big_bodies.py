@@ -4,11 +4,16 @@
 case one fresh gateway that is sent one request whose 20 MiB sit in one part of the prompt
 (system, a tool description, ...): the gateway's CPU seconds for it and its peak RSS.
 
-``relay``: one gateway in front of the scripted HTTP worker; rounds of N concurrent 20 MiB
+``relay``: one gateway in front of two scripted HTTP workers; rounds of N concurrent 20 MiB
 bodies, the gateway's RSS and CPU after each round, and the latency of small requests sent
-meanwhile (median and p99) against their latency on the idle gateway, with the ratio.
+meanwhile to the other worker (median and p99) against their latency on the idle gateway, with
+the ratio.
 
-Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``
+``count``: one gateway in front of the scripted gRPC engine; N concurrent count_tokens of a big
+prompt, the gateway's CPU for them, and small requests meanwhile against their idle latency.
+
+Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``,
+``python -m tools.bench.big_bodies count [--counts 3] [--mib 20] [--root DIR]``
 or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20] [--settle S] [--root DIR]``
 (``--root``: measure another checkout's gateway, e.g. a "before").
 """
@@ -16,6 +21,7 @@ or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -138,18 +144,27 @@ def _probe(client: httpx.Client, raw: bytes, stop: threading.Event, into: list[f
         into.append(_timed(client, raw))
 
 
-def relay(args: argparse.Namespace) -> None:
-    small = orjson.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+def _send_bodies(bodies: int, mib: int, url: str) -> None:
+    """The big bodies, sent from a process of their own: the probe's latency is the gateway's,
+    not the wait of the benchmark's own threads for its GIL."""
     big = orjson.dumps(
-        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * ((args.mib << 20) // 5)}]}
+        {"model": "big", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * ((mib << 20) // 5)}]}
     )
-    worker = spawn_worker(models=["m"])
+    _concurrently(bodies, lambda c: _timed(c, big), url)
+
+
+def relay(args: argparse.Namespace) -> None:
+    small = orjson.dumps({"model": "small", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    # The small requests go to a worker of their own: what is measured is the gateway's delay,
+    # not the big bodies' worker's.
+    big_worker, small_worker = spawn_worker(models=["big"]), spawn_worker(models=["small"])
     gateway = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             # Forty bodies of 20 MiB take longer than the default 30 s to arrive on a busy machine.
             slow = ["--header-read-timeout-secs", "600"]
-            gateway = spawn_gateway([worker.url], journal=Path(tmp) / "j.db", extra=slow, root=args.root)
+            workers = [big_worker.url, small_worker.url]
+            gateway = spawn_gateway(workers, journal=Path(tmp) / "j.db", extra=slow, root=args.root)
             pid = gateway.proc.pid
             with httpx.Client(base_url=gateway.url, timeout=600) as client:
                 idle = [_timed(client, small) for _ in range(100)]
@@ -161,10 +176,16 @@ def relay(args: argparse.Namespace) -> None:
                     prober = threading.Thread(target=_probe, args=(probe_client, small, stop, busy))
                     prober.start()
                     (user0, sys0), t0 = _cpu_split(pid), time.perf_counter()
-                    _concurrently(args.bodies, lambda c: _timed(c, big), gateway.url)
+                    sender = multiprocessing.get_context("spawn").Process(
+                        target=_send_bodies, args=(args.bodies, args.mib, gateway.url)
+                    )
+                    sender.start()
+                    sender.join()
                     wall = time.perf_counter() - t0
                     stop.set()
                     prober.join()
+                if sender.exitcode != 0:
+                    raise SystemExit(f"the big bodies' sender failed ({sender.exitcode})")
                 user1, sys1 = _cpu_split(pid)
                 rss, peak = _status_mb(pid, "VmRSS"), _status_mb(pid, "VmHWM")
                 print(
@@ -181,7 +202,8 @@ def relay(args: argparse.Namespace) -> None:
     finally:
         if gateway is not None:
             gateway.stop()
-        worker.stop()
+        big_worker.stop()
+        small_worker.stop()
 
 
 def _concurrently(n: int, one: Callable[[httpx.Client], float], url: str) -> None:
@@ -203,6 +225,67 @@ def _concurrently(n: int, one: Callable[[httpx.Client], float], url: str) -> Non
         raise errors[0]
 
 
+def _send_counts(counts: int, mib: int, url: str) -> None:
+    """The big count_tokens requests, from a process of their own (see `_send_bodies`)."""
+    big = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "word " * ((mib << 20) // 5)}]})
+
+    def one(client: httpx.Client) -> float:
+        t0 = time.perf_counter()
+        client.post("/v1/messages/count_tokens", content=big, headers=HEADERS).raise_for_status()
+        return time.perf_counter() - t0
+
+    _concurrently(counts, one, url)
+
+
+def count(args: argparse.Namespace) -> None:
+    """N concurrent count_tokens of a big prompt on one gateway in front of the scripted gRPC
+    engine, and small Messages requests meanwhile against their latency on the idle gateway."""
+    small = orjson.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    engine = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", MODEL])
+    gateway = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            gateway = spawn_gateway(
+                [engine.url],
+                journal=Path(tmp) / "j.db",
+                extra=["--model-path", str(QWEN3), "--header-read-timeout-secs", "600"],
+                root=args.root,
+            )
+            pid = gateway.proc.pid
+            with httpx.Client(base_url=gateway.url, timeout=600) as client:
+                idle = [_timed(client, small) for _ in range(100)]
+            print(f"idle small request:          {_figures(idle)}")
+            busy: list[float] = []
+            stop = threading.Event()
+            with httpx.Client(base_url=gateway.url, timeout=600) as probe_client:
+                prober = threading.Thread(target=_probe, args=(probe_client, small, stop, busy))
+                prober.start()
+                (user0, sys0), t0 = _cpu_split(pid), time.perf_counter()
+                sender = multiprocessing.get_context("spawn").Process(
+                    target=_send_counts, args=(args.counts, args.mib, gateway.url)
+                )
+                sender.start()
+                sender.join()
+                wall = time.perf_counter() - t0
+                stop.set()
+                prober.join()
+            if sender.exitcode != 0:
+                raise SystemExit(f"the count_tokens sender failed ({sender.exitcode})")
+            user1, sys1 = _cpu_split(pid)
+            print(
+                f"{args.counts} x count_tokens of {args.mib} MiB in {wall:.1f} s; gateway cpu "
+                f"user {user1 - user0:.1f} s, sys {sys1 - sys0:.1f} s; peak {_status_mb(pid, 'VmHWM')} MB"
+            )
+            print(f"  small request meanwhile:   {_figures(busy)}")
+            if busy:
+                ratio = statistics.median(busy) / statistics.median(idle)
+                print(f"  under load / idle:         median x{ratio:.1f}, p99 x{_p99(busy) / _p99(idle):.1f}")
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        engine.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -216,8 +299,12 @@ def main() -> None:
     r.add_argument("--mib", type=int, default=20)
     r.add_argument("--settle", type=float, default=10.0)
     r.add_argument("--root", type=Path, default=None)
+    c = sub.add_parser("count")
+    c.add_argument("--counts", type=int, default=3)
+    c.add_argument("--mib", type=int, default=20)
+    c.add_argument("--root", type=Path, default=None)
     args = parser.parse_args()
-    prompt(args) if args.mode == "prompt" else relay(args)
+    {"prompt": prompt, "relay": relay, "count": count}[args.mode](args)
 
 
 if __name__ == "__main__":
