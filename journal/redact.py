@@ -13,7 +13,8 @@ with the deployment's secret (`key`: `smg-tenant.key` beside the journal or
 SHA-256 without one (files written before), so an operator can tell two keys apart (or match
 one they hold, `key_fingerprints`) without the journal storing anything usable, nor anything
 a weak key could be guessed from offline. `redacted(event)` is applied once, by the writer, before an
-event is queued: whoever emits events needs no redaction of their own. The functions are
+event is queued (a `received` body over the writer's bound is left to `redacted_body`, which its
+thread applies before the event is stored): whoever emits events needs no redaction of their own. The functions are
 idempotent (a redacted value is left as it is).
 """
 
@@ -36,6 +37,8 @@ import orjson
 from journal.bodies import fingerprint
 from journal.events import Event, Received, Upstream, Validated
 
+SCAN_WINDOW_CHARS = 1 << 20
+"""How much of a body one substring search of the redaction covers at most."""
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
 """The credential headers every client and worker kind uses; `credential_header` covers the rest."""
 # A word of a header name (split at `-`, `_`, `.`) that says the value opens something.
@@ -190,10 +193,20 @@ def redact_url(text: str, key: bytes | None = None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _contains(text: str, needle: str) -> bool:
+    """`needle in text`, a window at a time over a text of megabytes (windows overlap by the
+    needle's length less one): the writer thread scans a body while the event loop waits for
+    the GIL, and a window is as long as the loop waits."""
+    if len(text) <= SCAN_WINDOW_CHARS:
+        return needle in text
+    step = SCAN_WINDOW_CHARS - len(needle) + 1
+    return any(needle in text[at : at + SCAN_WINDOW_CHARS] for at in range(0, len(text), step))
+
+
 def _may_hold_url_secret(text: str) -> bool:
     """Whether an http(s) URL in `text` may carry a credential (one scan; bodies without one
     cost no parse)."""
-    if "://" not in text and ":\\/\\/" not in text:
+    if not _contains(text, "://") and not _contains(text, ":\\/\\/"):
         return False
     return _URL_SECRET.search(text) is not None
 
@@ -223,11 +236,11 @@ def _secret_urls(value: Any, found: dict[str, str], key: bytes | None = None) ->
 
 
 def _may_hold_token(text: str) -> bool:
-    if _TOKEN_KEY in text:
+    if _contains(text, _TOKEN_KEY):
         return True
     # The key may be spelled with JSON escapes (`authorization\\u005ftoken`); one regex search,
     # and only bodies with an escape pay for it.
-    return "\\u" in text and _ESCAPED_KEY.search(text) is not None
+    return _contains(text, "\\u") and _ESCAPED_KEY.search(text) is not None
 
 
 def _tokens_in(text: str, may_hold_token: bool = True) -> tuple[Any, list[Any], bool] | None:
@@ -350,6 +363,14 @@ def minimal_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def redacted_body(event: Event, longer_than: int, key: bytes | None = None) -> Event:
+    """A `received` event whose body is over `longer_than` characters with that body redacted
+    (`redacted(event, body_up_to=longer_than)` left it); any other event as it is."""
+    if isinstance(event, Received) and event.body and len(event.body) > longer_than:
+        return replace(event, body=redact_body(event.body, key))
+    return event
+
+
 def _redact_tokens(value: Any, key: bytes | None) -> Any:
     if isinstance(value, dict):
         return {k: _redact_token(v, key) if k == _TOKEN_KEY else _redact_tokens(v, key) for k, v in value.items()}
@@ -366,17 +387,20 @@ def _redact_token(value: Any, key: bytes | None) -> Any:
     return redact_value(json.dumps(value, sort_keys=True, default=str), key)
 
 
-def redacted(event: Event, key: bytes | None = None) -> Event:
+def redacted(event: Event, key: bytes | None = None, *, body_up_to: int | None = None) -> Event:
     """The event as the journal may keep it: a copy with its secrets redacted, fingerprints
     keyed with `key` (the caller's event is left alone, e.g. an upstream head whose headers the
-    response still needs), or the event itself when it carries none."""
+    response still needs), or the event itself when it carries none.
+
+    `body_up_to`: a `received` body longer than that many characters is left as it is, for
+    `redacted_body` to redact later (the journal writer does, in its thread, before the event
+    is stored); its headers and query are redacted here all the same."""
     if isinstance(event, Received):
-        return replace(
-            event,
-            headers=redact_headers(event.headers, key),
-            query=redact_query(event.query, key),
-            body=redact_body(event.body, key) if event.body else event.body,
-        )
+        body = event.body
+        if body and (body_up_to is None or len(body) <= body_up_to):
+            body = redact_body(body, key)
+        headers, query = redact_headers(event.headers, key), redact_query(event.query, key)
+        return replace(event, headers=headers, query=query, body=body)
     if isinstance(event, Upstream) and event.headers:
         return replace(event, headers=redact_headers(event.headers, key))
     if isinstance(event, Validated) and event.summary:

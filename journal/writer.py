@@ -51,8 +51,12 @@ escaped.
 
 Events are treated as immutable once appended: they are serialized later, by the writer
 thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
-upstream `head` events, MCP tokens in the `received` body and the validated summary); the
-body capture mode (`bodies`, see `journal.bodies`) is applied by the writer thread, in order.
+upstream `head` events, MCP tokens in the `received` body and the validated summary), except a
+`received` body over `INLINE_REDACT_CHARS`: that one is redacted by the writer thread, before
+anything else reads it (a pass over megabytes on the event loop stalls every other client, and
+the thread scans it a window at a time, `journal.redact.SCAN_WINDOW_CHARS`); either way nothing
+is stored unredacted. The body capture mode (`bodies`, see `journal.bodies`) is applied by the
+writer thread, in order.
 With `retention`, a companion task prunes the file (`journal.retention`) at start and every
 `retention_interval_s`, on a connection and a thread of its own; the writer waits at most for
 one of its small delete transactions.
@@ -78,9 +82,13 @@ from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event
-from journal.redact import redacted
+from journal.redact import redacted, redacted_body
 
 log = logging.getLogger(__name__)
+
+INLINE_REDACT_CHARS = 1 << 20
+"""The longest `received` body `append` redacts on the caller's (event loop's) time; a longer one
+is redacted by the writer thread."""
 
 _STOP = object()
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
@@ -355,7 +363,7 @@ class JournalWriter:
             self._events_dropped += 1
             return
         try:
-            item = (request_id, seq, redacted(event, self._secret))
+            item = (request_id, seq, redacted(event, self._secret, body_up_to=INLINE_REDACT_CHARS))
         except Exception:
             # Never store what could not be redacted; never fail the request over it.
             self._events_dropped += 1
@@ -377,7 +385,7 @@ class JournalWriter:
             self._events_dropped += 1
             return True
         try:
-            item = (request_id, seq, redacted(event, self._secret))
+            item = (request_id, seq, redacted(event, self._secret, body_up_to=INLINE_REDACT_CHARS))
         except Exception:
             self._events_dropped += 1
             log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))
@@ -755,7 +763,7 @@ class JournalWriter:
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
-                event = body_filter(request_id, event)
+                event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
                 data = None if packable else encode(event).decode()
