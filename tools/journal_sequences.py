@@ -33,6 +33,9 @@ from tools.engine_control import EngineControl
 from tools.spawn import REPO_ROOT, Spawned, spawn_engine, spawn_gateway, spawn_zmq_engine
 
 QWEN3 = REPO_ROOT / "tests" / "fixtures" / "qwen3"
+# A ZMQ worker's model id is the gateway's --model-path, and it is in every answer: relative to
+# the checkout (the gateway runs in it), so two checkouts' answers have the same length.
+QWEN3_RELATIVE = "tests/fixtures/qwen3"
 MODEL = "qwen3-fixture"  # named so the qwen tool and reasoning parsers are detected
 WEATHER = {
     "name": "get_weather",
@@ -246,7 +249,7 @@ def run_zmq(stack: ExitStack, tmp: Path) -> Iterator[dict[str, Any]]:
     journal = tmp / "zmq.db"
     gateway = stack.enter_context(spawn_gateway(
         [f"ipc://{path}"], journal=journal,
-        extra=["--backend", "vllm", "--model-path", str(QWEN3), "--model-alias", f"{MODEL}={QWEN3}",
+        extra=["--backend", "vllm", "--model-path", QWEN3_RELATIVE, "--model-alias", f"{MODEL}={QWEN3_RELATIVE}",
                "--disable-retries"],
     ))
     engine = stack.enter_context(spawn_zmq_engine(path, QWEN3, ["--max-model-len", "4096"]))
