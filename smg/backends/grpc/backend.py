@@ -111,16 +111,18 @@ class EngineConnector:
             check_window(taken, worker.context_windows.get(taken.model))
             message_id = taken.message_id
             request_id = message_id if lease.attempt == 1 else f"{message_id}-{lease.attempt}"
-            call_ = engine_call(taken, runtime=engine.runtime, defaults=engine.sampling_defaults, request_id=request_id)
+            attempt_call = engine_call(
+                taken, runtime=engine.runtime, defaults=engine.sampling_defaults, request_id=request_id
+            )
             yield lease.routed
             if session is None:
                 session, rendered = Session.start(
-                    taken, engine.info.eos_token_ids if engine.info else [], call_.stop_token_ids
+                    taken, engine.info.eos_token_ids if engine.info else [], attempt_call.stop_token_ids
                 )
                 yield rendered
             else:
                 session.attempt()
-            async for event in self.calls.drive(engine.client, call_, session):
+            async for event in self.calls.drive(engine.client, attempt_call, session):
                 yield event
             if not settle(lease, session):
                 return
