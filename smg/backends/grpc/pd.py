@@ -244,7 +244,9 @@ class GrpcPdConnector:
     generates = True
 
     def __init__(self, grpc: GrpcConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
-        self._grpc = grpc
+        # The parts of the gRPC connector, shared with it: its engines and tokenizers, the way
+        # to the first engine call, and the engine calls with their aborts.
+        self._workers, self._front, self._calls = grpc.workers, grpc.front, grpc.calls
         self._roles = roles  # the roles that must each have a healthy worker (EPD: encode too)
         self._kv_connectors: dict[str, KvConnector] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -261,28 +263,28 @@ class GrpcPdConnector:
         await asyncio.gather(*self._retiring, return_exceptions=True)
 
     async def discover(self, target: Target) -> Discovery:
-        return await self._grpc.discover(target)
+        return await self._workers.discover(target)
 
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
-        return await self._grpc.check_health(target, timeout, endpoint)
+        return await self._workers.check_health(target, timeout)
 
     async def forget(self, target: Target) -> None:
         self._kv_connectors.pop(target.id, None)
-        await self._grpc.forget(target)
+        await self._workers.forget(target)
 
     async def load(self, target: Target) -> int | None:
-        return await self._grpc.load(target)
+        return await self._workers.load(target)
 
     def ready(self, targets: Sequence[Target]) -> bool:
         """Every role has a healthy worker, as the reference's readiness asks of a PD or EPD
         deployment, and their models have tokenizers."""
         roles = {t.role for t in targets if t.models}
-        return all(role in roles for role in self._roles) and self._grpc.ready(targets)
+        return all(role in roles for role in self._roles) and self._workers.ready(targets)
 
     # requests
 
     async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
-        taken = await self._grpc.front.take(call, pool, multimodal="encode" in self._roles)
+        taken = await self._front.take(call, pool, multimodal="encode" in self._roles)
         if not isinstance(taken, Prepared):
             for event in taken:
                 yield event
@@ -291,7 +293,7 @@ class GrpcPdConnector:
             yield event
 
     async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
-        workers, calls = self._grpc.workers, self._grpc.calls
+        workers, calls = self._workers, self._calls
         session: Session | None = None
         async for lease in attempts:
             pair = cast(PairLease, lease)
@@ -453,7 +455,7 @@ class GrpcPdConnector:
             except Exception:
                 pass  # the leg failed or never answered: abort it all the same
             await _close_started(first, rest)
-            self._grpc.calls.abort(engine.client, request_id)
+            self._calls.abort(engine.client, request_id)
 
         task = asyncio.get_running_loop().create_task(retire(), name=f"smg-retire-{request_id}")
         self._retiring.add(task)
