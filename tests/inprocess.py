@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import itertools
+import zipfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,12 +153,18 @@ class InProcessGateway:
         router: Router,
         journal: Path,
         static: Sequence[WorkerSpec] | None = None,
+        engines: Mapping[str, PlaybackEngine] | None = None,
     ) -> None:
         self.config = settings
+        self.engines = dict(engines or {})  # the playback engines behind it, by worker URL
         self.router = router
         self.journal_path = journal
         self.journal = JournalWriter(journal)
         specs = list(static) if static is not None else [WorkerSpec(url=u) for u in settings.worker_urls]
+        # Sanic rewrites some of its own methods when an app starts; in test mode (what Sanic's
+        # own test client sets, for this process only) it keeps the originals, so that the next
+        # app can start too.
+        Sanic.test_mode = True
         self.app: Sanic[Any, Any] = build_app(settings, router, self.journal, specs, name=f"inproc{next(_app_names)}")
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app), base_url="http://gateway.test", timeout=30.0
@@ -203,13 +211,33 @@ class InProcessGateway:
             return [event for _, event in reader.events(request_id)]
 
 
+def bundle(directory: Path = QWEN3) -> bytes:
+    """A `GetTokenizer` bundle: the directory's files, flat at the zip's root."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for file in sorted(directory.iterdir()):
+            archive.write(file, file.name)
+    return buffer.getvalue()
+
+
 def gateway(
-    tmp_path: Path, engines: Mapping[str, PlaybackEngine], **settings: Any
-) -> tuple[InProcessGateway, Playbook]:
-    """A gRPC gateway in front of `engines` (by worker URL), with a journal in `tmp_path`."""
+    tmp_path: Path,
+    engines: Mapping[str, PlaybackEngine],
+    *,
+    static: bool = True,
+    tokenizers: TokenizerRegistry | None = None,
+    **settings: Any,
+) -> InProcessGateway:
+    """A gRPC gateway in front of `engines` (by worker URL; `static`: its `--worker-urls`, else
+    workers the test adds), its journal and fetched tokenizer bundles in `tmp_path`."""
     book = Playbook()
     for url, playback in engines.items():
         book.add(url, playback)
-    gateway_config = config(*engines, journal_path=tmp_path / "journal.db", **settings)
-    router = Router(gateway_config.router, {"grpc": connector(gateway_config, book)})
-    return InProcessGateway(gateway_config, router, tmp_path / "journal.db"), book
+    settings.setdefault("journal_path", tmp_path / "journal.db")
+    gateway_config = config(*(engines if static else ()), **settings)
+    registry = tokenizers or TokenizerRegistry(
+        autoload=gateway_config.tokenizer_autoload, bundle_dir=str(tmp_path / "bundles")
+    )
+    router = Router(gateway_config.router, {"grpc": connector(gateway_config, book, registry)})
+    journal = gateway_config.journal_path or tmp_path / "journal.db"
+    return InProcessGateway(gateway_config, router, journal, engines=engines)

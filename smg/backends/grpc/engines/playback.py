@@ -224,6 +224,7 @@ class PlaybackEngine:
         self._server_info = dict(server_info or {})
         self.load = load  # what `loads` answers (None: the protocol has no GetLoads)
         self._bundle = bundle
+        self.hold_bundle = False  # `tokenizer_bundle` answers only after `release()`
         self.healthy = True
         self.down = False  # nothing answers: every call fails UNAVAILABLE (set by `exit_after`)
         self._queue: deque[Answer] = deque()
@@ -246,7 +247,8 @@ class PlaybackEngine:
             self._default = _answer(default)
 
     def release(self) -> None:
-        """Let the streams waiting at `hold_after` now go on (a later one holds again)."""
+        """Let the streams waiting at `hold_after` (and a held tokenizer bundle) go on; a later
+        one holds again."""
         self._release.set()
         self._release = asyncio.Event()
 
@@ -278,6 +280,8 @@ class PlaybackEngine:
 
     async def tokenizer_bundle(self) -> bytes:
         self._answering()
+        if self.hold_bundle:
+            await self._release.wait()
         if self._bundle is None:
             raise EngineError("UNIMPLEMENTED", "this engine serves no tokenizer bundle")
         return self._bundle
