@@ -16,6 +16,7 @@ from journal.events import Completed, Rendered, Routed, Tokens
 from smg.backends.grpc.engines.playback import PlaybackEngine
 from smg.projection import reconstruct
 from smg.routing.config import RouterConfig
+from smg.routing.retry import RetryConfig
 from tests.conftest import journaled_failure
 from tests.inprocess import MODEL, WINDOW, InProcessGateway, engine, gateway
 
@@ -128,3 +129,38 @@ async def test_the_models_and_readiness_follow_what_the_engines_said(gw: InProce
     assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
     assert _engine(gw).received == []
     assert WINDOW > counted.json()["input_tokens"]
+
+
+# --- engines that go away (moved from loopback: the wire's part, a dead engine's connection
+# refused or its stream cut, is `tests/engines/test_wire.py`'s) --------------------------------
+
+
+async def test_a_dead_engine_is_retried_on_the_other_and_taken_out(tmp_path: Path) -> None:
+    first, second = engine(), engine()
+    async with gateway(tmp_path, {A: first, B: second}, router=RouterConfig(policy="round_robin")) as gw:
+        assert all([(await gw.post({"max_tokens": 16})).status_code == 200 for _ in range(2)])
+        assert len(first.received) == len(second.received) == 1
+        second.down = True
+        for stream in (False, True, False, True):
+            reply = await gw.post({"max_tokens": 16, "stream": stream})
+            assert reply.status_code == 200, reply.text
+            assert "event: message_stop" in reply.text if stream else reply.json()["content"][0]["text"]
+        assert len(first.received) == 5
+        workers = (await gw.client.get("/workers")).json()["workers"]
+        assert {w["url"]: w["status"] for w in workers}[B] != "ready"
+        assert (await gw.client.get("/readiness")).status_code == 200
+
+
+async def test_no_engine_left_is_an_error_response_not_a_hang(tmp_path: Path) -> None:
+    only = engine()
+    async with gateway(tmp_path, {A: only}, router=RouterConfig(retry=RetryConfig(enabled=False))) as gw:
+        only.down = True
+        first = await gw.post({"max_tokens": 8, "stream": True})
+        assert first.status_code in (502, 503)
+        assert first.headers["content-type"].startswith("application/json")
+        assert first.json()["type"] == "error"
+        second = await gw.post({"max_tokens": 8})
+        assert second.status_code == 503 and second.headers["x-smg-error-code"] == "no_available_workers"
+        # count_tokens needs no engine: the tokenizer is still here.
+        counted = await gw.post({}, path="/v1/messages/count_tokens")
+        assert counted.status_code == 200
