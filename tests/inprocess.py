@@ -224,17 +224,18 @@ def gateway(
     tmp_path: Path,
     engines: Mapping[str, PlaybackEngine],
     *,
-    static: bool = True,
+    static: Sequence[str] | None = None,
     tokenizers: TokenizerRegistry | None = None,
     **settings: Any,
 ) -> InProcessGateway:
-    """A gRPC gateway in front of `engines` (by worker URL; `static`: its `--worker-urls`, else
-    workers the test adds), its journal and fetched tokenizer bundles in `tmp_path`."""
+    """A gRPC gateway in front of `engines` (by worker URL), its `--worker-urls` the `static`
+    ones (default: every engine's; the others are the test's to add), its journal and fetched
+    tokenizer bundles in `tmp_path`."""
     book = Playbook()
     for url, playback in engines.items():
         book.add(url, playback)
     settings.setdefault("journal_path", tmp_path / "journal.db")
-    gateway_config = config(*(engines if static else ()), **settings)
+    gateway_config = config(*(engines if static is None else static), **settings)
     registry = tokenizers or TokenizerRegistry(
         autoload=gateway_config.tokenizer_autoload, bundle_dir=str(tmp_path / "bundles")
     )

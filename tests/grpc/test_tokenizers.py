@@ -282,7 +282,7 @@ async def test_a_request_right_after_post_workers_is_answered(tmp_path: Path, st
     first request for its model waits: that request is answered, not 503."""
     added_engine = {URL: autoloading(runtime="vllm")}
     # A cold start: the bundle directory (in tmp_path) holds no tokenizer left by an earlier run.
-    async with gateway(tmp_path, added_engine, static=False, model_path=None, router=RouterConfig(igw=True)) as gw:
+    async with gateway(tmp_path, added_engine, static=[], model_path=None, router=RouterConfig(igw=True)) as gw:
         added = await gw.client.post("/workers", json={"url": URL})
         assert added.status_code == 202, added.text
         reply = await gw.client.post(
