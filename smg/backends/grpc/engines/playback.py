@@ -1,6 +1,6 @@
 """A playback engine: an `EngineClient` with no process and no socket, answering as a test says.
 
-It is handed to `EngineConnector` through its `clients=` seam (`playback_clients`), as httpx's
+It is handed to `EngineConnector` through its `clients=` seam (a `Playbook`), as httpx's
 `MockTransport` is handed to a client: everything above the engine client — discovery, the
 tokenizer, the prompt, the generation session, the attempt loop and its error mapping, the
 router, the app — runs as it does live. Each `generate` plays the next queued answer:
@@ -15,7 +15,9 @@ router, the app — runs as it does live. Each `generate` plays the next queued 
 - a `Recording`: a journaled request's engine output (its `tokens` events) played back as it was.
 
 What the engine was asked is kept for the test: every `GenerateCall` (`received`), the ids
-named by `abort` (`aborts`) and the streams the caller closed before their end (`cancelled`).
+named by `abort` (`aborts`) and the streams the caller left before their end (`cancelled`).
+Discovery, health and loads answer from its attributes (`info`, `healthy`, `load`); its
+tokenizer bundle is `bundle`, held until `release()` while `hold_bundle` is set.
 `exit_after` ends the engine as a crash does: the stream fails `UNAVAILABLE` and every later
 call too, until `revive()`.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +65,8 @@ _SCRIPT_KEYS = frozenset(
 
 
 @dataclass(frozen=True)
-class Failure:
-    """The status a script ends its stream with, once `after_tokens` tokens were sent."""
+class ScriptedFailure:
+    """The status a script ends its stream with, once `after_tokens` tokens were generated."""
 
     code: str
     message: str
@@ -84,7 +86,7 @@ class Script:
     prompt_tokens: int | None = None
     cached_tokens: int = 0
     hold_after: int | None = None
-    error: Failure | None = None
+    error: ScriptedFailure | None = None
     exit_after: int | None = None
     when_prompt_contains: str | None = None
     repeat: bool = False
@@ -100,7 +102,7 @@ class Script:
         error = raw.get("error")
         failure = None
         if error is not None:
-            failure = Failure(
+            failure = ScriptedFailure(
                 str(error.get("code", "INTERNAL")).upper(),
                 str(error.get("message", "scripted failure")),
                 int(error.get("after_tokens", 0)),
@@ -425,6 +427,13 @@ def _play(script: Script, call: GenerateCall, engine: PlaybackEngine) -> list[_S
         ids = streamed[sent : sent + step]
         sent += len(ids)
         steps.append(EngineChunk(ids, prompt, sent, cached))
+    if not call.stream:
+        # One answer at the end: a hold or a failure within the generation comes before it.
+        if not held and script.hold_after is not None and script.hold_after <= len(generated):
+            steps.append(_Hold())
+        if failure is not None and fail_at is not None and fail_at <= len(generated):
+            steps.append(failure)
+            return steps
     steps.append(
         EngineDone(
             finish_reason=finish,
@@ -456,11 +465,3 @@ class Playbook:
         if engine is None:
             raise WorkerUnreachable(f"no engine answers at {target.url}")
         return engine.runtime, engine
-
-
-def playback_clients(engines: Mapping[str, PlaybackEngine]) -> Callable[[Target], Awaitable[tuple[str, EngineClient]]]:
-    """The `clients=` factory serving `engines` (by worker URL)."""
-    book = Playbook()
-    for url, engine in engines.items():
-        book.add(url, engine)
-    return book
