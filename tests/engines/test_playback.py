@@ -65,6 +65,11 @@ async def test_an_error_after_some_tokens_and_a_crash_that_takes_the_engine_down
         await engine.health()
     engine.revive()
     assert await engine.health()
+    # A call answered whole (not streamed) fails the same, before its one answer.
+    engine.script({"token_ids": [5, 6, 7], "error": {"code": "INTERNAL", "after_tokens": 2}})
+    with pytest.raises(EngineError) as whole:
+        await _answers(engine, _call(stream=False))
+    assert whole.value.code == "INTERNAL"
 
 
 async def test_a_held_stream_waits_for_release_and_one_left_early_is_recorded() -> None:
