@@ -180,9 +180,7 @@ class InProcessGateway:
 
     async def __aenter__(self) -> InProcessGateway:
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-        self._lifespan = asyncio.get_running_loop().create_task(
-            self.app(scope, self._to_app.get, self._from_app.put)  # type: ignore[arg-type]
-        )
+        self._lifespan = asyncio.get_running_loop().create_task(self.app(scope, self._to_app.get, self._from_app.put))
         await self._lifespan_event("startup")
         return self
 

@@ -242,7 +242,7 @@ async def test_count_tokens_and_max_tokens_zero_are_answered_without_an_engine(b
     empty = await served(conn, call({"max_tokens": 0}), pool)
     start = _blocks(empty)[0]
     assert [p["type"] for p in _blocks(empty)] == ["message_start", "message_delta", "message_stop"]
-    assert start["message"]["usage"]["input_tokens"] == count.input_tokens  # type: ignore[index]
+    assert start["message"]["usage"]["input_tokens"] == count.input_tokens
     assert _message_delta(empty)["delta"] == {"stop_reason": "max_tokens"}
     assert _engine(book).received == []
 

@@ -27,7 +27,7 @@ from tests.grpc.conftest import MODEL, QWEN3
 from tests.inprocess import InProcessGateway, bundle, engine, gateway
 from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
-USER = [{"role": "user", "content": "Count me."}]
+USER: list[dict[str, object]] = [{"role": "user", "content": "Count me."}]
 URL = "grpc://127.0.0.1:50001"
 # A request never waits for a loading tokenizer here: the tests see its states at once.
 NO_WAIT = EngineConfig(tokenizer_wait_secs=0)

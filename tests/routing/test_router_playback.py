@@ -59,9 +59,11 @@ async def _events(router: Router, body: dict[str, object] | None = None) -> list
     return [event async for event in router.handle(call(body or {}))]
 
 
-def _worker(events: list[Event]) -> str | None:
+def _worker(events: list[Event]) -> str:
     """The worker that answered: the last attempt's."""
-    return [e.worker for e in events if isinstance(e, Routed)][-1]
+    worker = [e.worker for e in events if isinstance(e, Routed)][-1]
+    assert worker is not None
+    return worker
 
 
 def _healthy(router: Router) -> set[str]:
