@@ -19,6 +19,7 @@ head and chunks (a stream) or body, an `error` when the target could not be reac
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import string
@@ -32,7 +33,7 @@ import httpx
 
 from journal.events import Completed, Error, Event, Received, Routed, Upstream, Validated
 from journal.pieces import TextPieces, text_piece
-from journal.redact import SECRET_HEADERS, redact_url
+from journal.redact import SECRET_HEADERS, read_secret, redact_url
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
 from replay.diff import Difference, Outcome, deterministic, diff, from_http
@@ -86,11 +87,17 @@ def forwarded_headers(recorded: Mapping[str, str], supplied: Mapping[str, str], 
     return out
 
 
-def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None, secret_urls: Iterable[str] = ()) -> str:
+def body_to_send(
+    body: str | None,
+    mcp_tokens: Mapping[str, str] | None = None,
+    secret_urls: Iterable[str] = (),
+    key: bytes | None = None,
+) -> str:
     """The recorded body, with each secret the journal redacted put back: MCP server tokens
     from `mcp_tokens` (server name → token), and each URL whose credentials were redacted
     (userinfo, a token in its query: an MCP server's, an image's) from `secret_urls`, the URLs
-    as the client sent them, each matched to the recorded one it redacts to. Raises
+    as the client sent them, each matched to the recorded one it redacts to (with the journal's
+    `key`, `journal.redact.read_secret`, or bare as older files hold them). Raises
     `ReplayError` naming every secret nobody supplied: a replay never sends a fingerprint in
     place of a credential."""
     if not body or (_REDACTED not in body and _REDACTED_IN_URL not in body):
@@ -123,7 +130,7 @@ def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None, 
             f"the request's MCP server token(s) for {names} are not in the journal (only a fingerprint is);"
             " supply them with --mcp-token NAME=TOKEN"
         )
-    by_redaction = {redact_url(url): url for url in secret_urls}
+    by_redaction = {redact_url(url, k): url for url in secret_urls for k in dict.fromkeys([key, None])}
     missing_urls: list[str] = []
     for recorded in dict.fromkeys(_redacted_urls(data, [])):
         real = by_redaction.get(recorded)
@@ -170,6 +177,11 @@ class RemoteResult:
     streamed: bool = False
     target_request_id: str | None = None  # the target's own id for it (`x-request-id`)
     error: str | None = None
+    # Why there is no whole answer: "connection" (none made, or it closed before an answer),
+    # "timeout", or "broke_off" (the answer started and was cut). None with a whole answer.
+    failure: str | None = None
+    latency_ms: float | None = None  # from sending to the answer's last byte
+    ttft_ms: float | None = None  # to the answer's head (JSON), or to its first chunk (a stream)
     text_compared: bool = False
     differences: list[Difference] = field(default_factory=list)
 
@@ -189,12 +201,18 @@ async def replay_to(
     mcp_tokens: Mapping[str, str] | None = None,
     secret_urls: Iterable[str] = (),
     timeout: float = 600.0,
+    writer: JournalWriter | None = None,
+    client: httpx.AsyncClient | None = None,
+    started_at: float | None = None,
 ) -> RemoteResult:
     """Send the recorded request to `url` (a gateway's or worker's base URL), journal the run
     in `journal_path` (None: not journaled) and diff the answer against the original's.
 
     `text` compares text, thinking and tool input; by default only when the recorded request
-    decodes greedily (`replay.diff.deterministic`) or `exact` is set."""
+    decodes greedily (`replay.diff.deterministic`) or `exact` is set. A batch of replays
+    passes its own started `writer` (which then wins over `journal_path`) and `client`, both
+    left open here, and `started_at`, when it started the request (epoch seconds: the run's
+    arrival time in the journal; default now)."""
     events = list(events)
     received = next((e for e in events if isinstance(e, Received)), None)
     if received is None:
@@ -204,12 +222,16 @@ async def replay_to(
         raise ReplayError("the journal holds no body for it (none recorded, or --journal-bodies none): nothing to send")
     if _FINGERPRINT in received.body:
         raise ReplayError("the body was journaled redacted (--journal-bodies redacted): replay needs full bodies")
-    body = body_to_send(received.body, mcp_tokens, secret_urls)
+    key = read_secret(journal_path) if journal_path is not None else None
+    body = body_to_send(received.body, mcp_tokens, secret_urls, key)
     sent_headers = forwarded_headers(received.headers, headers, original_id)
     target = url.rstrip("/") + received.path + (f"?{received.query}" if received.query else "")
     result = RemoteResult(replay_id=new_replay_id(), original_id=original_id, url=target)
 
-    writer = JournalWriter(journal_path) if journal_path is not None else None
+    owned = writer is None and journal_path is not None
+    if writer is None and journal_path is not None:
+        # Fingerprints keyed as the gateway writing that journal keys them (`journal.redact`).
+        writer = JournalWriter(journal_path, secret=key)
     seq = 0
     t0 = time.perf_counter()
 
@@ -221,7 +243,8 @@ async def replay_to(
         seq += 1
         await writer.append(result.replay_id, seq, event)
 
-    if writer is not None:
+    if owned:
+        assert writer is not None
         await writer.start()
     try:
         await emit(
@@ -232,14 +255,25 @@ async def replay_to(
                 query=received.query,
                 headers=dict(sent_headers),
                 body=body or None,
-                ts=time.time(),
+                ts=started_at if started_at is not None else time.time(),
             )
         )
         validated = _validated(received.path, body, sent_headers)
         if validated is not None:
             await emit(validated)
         await emit(Routed(backend="replay", worker=url, model=_model_of(body)))
-        failed = await _exchange(result, received.method, target, body, sent_headers, url, emit, timeout)
+        try:
+            if client is None:
+                async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as own:
+                    failed = await _exchange(result, own, received.method, target, body, sent_headers, url, emit)
+            else:
+                failed = await _exchange(result, client, received.method, target, body, sent_headers, url, emit)
+        except asyncio.CancelledError:
+            # Abandoned (a batch stopped by Ctrl-C): the run is closed as a gateway closes a
+            # request whose client went away, rather than left in flight.
+            duration = round((time.perf_counter() - t0) * 1000, 3)
+            await emit(Completed(status=result.status or 499, duration_ms=duration, disconnected=True))
+            raise
         if result.status is not None and result.status >= 400:
             await emit(_target_error(result))
         usage = UsageReader()
@@ -257,7 +291,8 @@ async def replay_to(
             )
         )
     finally:
-        if writer is not None:
+        if owned:
+            assert writer is not None
             await writer.close()
 
     if result.status is not None:
@@ -341,61 +376,72 @@ def _validated(path: str, body: str, headers: Mapping[str, str]) -> Validated | 
 
 async def _exchange(
     result: RemoteResult,
+    client: httpx.AsyncClient,
     method: str,
     target: str,
     body: str,
     headers: Mapping[str, str],
     worker: str,
     emit: Any,
-    timeout: float,
 ) -> int | None:
     """Send the request; collect the answer into `result` and journal it as `upstream` parts.
     Returns the status to journal for a failure that left no answer (else None)."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client:
+    sent = time.perf_counter()
+    try:
+        request = client.build_request(method, target, content=body.encode(), headers=dict(headers))
+        response = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        timed_out = isinstance(exc, httpx.TimeoutException)
+        status = 504 if timed_out else 502
+        result.error = f"{describe_exception(exc)}. URL: {target}"
+        result.failure = "timeout" if timed_out else "connection"
+        code = "call_upstream_timeout" if timed_out else "call_upstream_connection_failed"
+        await emit(Error(stage="replay", status=status, error_type="api_error", message=result.error, code=code))
+        return status
+    try:
+        result.status = response.status_code
+        result.headers = {k.lower(): v for k, v in response.headers.multi_items()}
+        result.target_request_id = response.headers.get("x-request-id")
+        result.streamed = "text/event-stream" in response.headers.get("content-type", "") and result.status < 400
+        if not result.streamed:
+            result.ttft_ms = _ms_since(sent)
+        await emit(Upstream(part="head", status=result.status, headers=dict(result.headers), worker=worker))
+        parts: list[bytes] = []
+        pieces = TextPieces()
         try:
-            request = client.build_request(method, target, content=body.encode(), headers=dict(headers))
-            response = await client.send(request, stream=True)
+            async for chunk in response.aiter_bytes():
+                if result.ttft_ms is None:
+                    result.ttft_ms = _ms_since(sent)
+                parts.append(chunk)
+                piece = pieces.feed(chunk) if result.streamed else None
+                if piece:
+                    await emit(Upstream(part="chunk", data=piece[0], encoding=piece[1]))
         except httpx.HTTPError as exc:
-            timed_out = isinstance(exc, httpx.TimeoutException)
-            status = 504 if timed_out else 502
-            result.error = f"{describe_exception(exc)}. URL: {target}"
-            code = "call_upstream_timeout" if timed_out else "call_upstream_connection_failed"
-            await emit(Error(stage="replay", status=status, error_type="api_error", message=result.error, code=code))
-            return status
-        try:
-            result.status = response.status_code
-            result.headers = {k.lower(): v for k, v in response.headers.multi_items()}
-            result.target_request_id = response.headers.get("x-request-id")
-            result.streamed = "text/event-stream" in response.headers.get("content-type", "") and result.status < 400
-            await emit(Upstream(part="head", status=result.status, headers=dict(result.headers), worker=worker))
-            parts: list[bytes] = []
-            pieces = TextPieces()
-            try:
-                async for chunk in response.aiter_bytes():
-                    parts.append(chunk)
-                    piece = pieces.feed(chunk) if result.streamed else None
-                    if piece:
-                        await emit(Upstream(part="chunk", data=piece[0], encoding=piece[1]))
-            except httpx.HTTPError as exc:
-                result.error = f"the answer broke off: {describe_exception(exc)}"
-            result.body = b"".join(parts)
-            if result.streamed:
-                tail = pieces.flush()
-                if tail:
-                    await emit(Upstream(part="chunk", data=tail[0], encoding=tail[1]))
-            elif result.error is None:
-                data, encoding = text_piece(result.body)
-                await emit(Upstream(part="body", data=data, encoding=encoding))
-            if result.error is not None:
-                await emit(
-                    Error(
-                        stage="replay",
-                        status=502,
-                        error_type="api_error",
-                        message=result.error,
-                        code="upstream_stream_interrupted" if result.streamed else "upstream_read_failed",
-                    )
+            result.error = f"the answer broke off: {describe_exception(exc)}"
+            result.failure = "timeout" if isinstance(exc, httpx.TimeoutException) else "broke_off"
+        result.latency_ms = _ms_since(sent)
+        result.body = b"".join(parts)
+        if result.streamed:
+            tail = pieces.flush()
+            if tail:
+                await emit(Upstream(part="chunk", data=tail[0], encoding=tail[1]))
+        elif result.error is None:
+            data, encoding = text_piece(result.body)
+            await emit(Upstream(part="body", data=data, encoding=encoding))
+        if result.error is not None:
+            await emit(
+                Error(
+                    stage="replay",
+                    status=502,
+                    error_type="api_error",
+                    message=result.error,
+                    code="upstream_stream_interrupted" if result.streamed else "upstream_read_failed",
                 )
-        finally:
-            await response.aclose()
+            )
+    finally:
+        await response.aclose()
     return None
+
+
+def _ms_since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 3)

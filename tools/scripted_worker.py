@@ -7,6 +7,7 @@ answered from a per-path FIFO of scripted answers or with a default echo), ``GET
 - ``POST /_script`` ``{"path": "/v1/messages", "answers": [Answer, ...]}`` queues answers;
 - ``GET /_script`` shows how many answers are still queued per path;
 - ``GET /_received`` / ``DELETE /_received`` read or clear the recorded requests;
+- ``GET /_in_flight``: the requests being answered now and at most (see below);
 - ``GET /_models_received`` lists the headers of each ``GET /v1/models`` (kept apart, so that
   discovery does not count as traffic);
 - ``POST /_health`` ``{"healthy": false}`` makes ``/health`` answer 503;
@@ -24,6 +25,15 @@ and never breaks the serving path. Keys (all optional):
 - ``drop_after`` (with ``sse`` or ``stream_echo``): close the connection after that many events.
 - ``hold_after`` (with ``sse`` or ``stream_echo``): after that many events, wait for
   ``POST /_release`` before writing the rest (proves a relay streams as frames arrive).
+- ``when_body_contains`` (str): the answer is only for a request whose body contains it; a
+  request takes the first queued answer it fits, so answers keyed on a prompt's marker do not
+  depend on the order concurrent requests arrive in. ``repeat: true`` keeps the answer queued
+  for every later request it fits.
+
+``GET /_in_flight`` says ``{"in_flight": n, "max": m}``: the requests to the scriptable paths
+the worker is answering now, and the most it answered at once since the last reset (each
+record of ``/_received`` has ``in_flight``, the count on its arrival, itself included); this
+proves a client's concurrency limit without timing it.
 
 An answer with no body kind is the path's default answer when its status is 200, else an empty body.
 
@@ -55,7 +65,17 @@ SCRIPTABLE_PATHS = (MESSAGES, COUNT_TOKENS)
 
 _BODY_KINDS = ("json", "body", "sse", "stream_echo", "drop")
 _ANSWER_KEYS = frozenset(
-    (*_BODY_KINDS, "status", "headers", "delay_ms", "chunk_delay_ms", "drop_after", "hold_after")
+    (
+        *_BODY_KINDS,
+        "status",
+        "headers",
+        "delay_ms",
+        "chunk_delay_ms",
+        "drop_after",
+        "hold_after",
+        "when_body_contains",
+        "repeat",
+    )
 )
 _WORD = re.compile(r"\s*\S+")
 
@@ -88,6 +108,8 @@ class Answer:
     chunk_delay: float = 0.0
     drop_after: int | None = None
     hold_after: int | None = None
+    when_body_contains: str | None = None
+    repeat: bool = False
 
 
 @dataclass
@@ -97,18 +119,29 @@ class _State:
     model_requests: list[dict[str, Any]] = field(default_factory=list)  # GET /v1/models, headers only
     healthy: bool = True
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: int = 0
+    max_in_flight: int = 0
 
     def reset(self) -> None:
         self.queues.clear()
         self.received.clear()
         self.model_requests.clear()
         self.healthy = True
+        self.in_flight = self.max_in_flight = 0
         self.released.set()
         self.released = asyncio.Event()
 
-    def next_answer(self, path: str) -> Answer | None:
+    def next_answer(self, path: str, body: str = "") -> Answer | None:
+        """The first queued answer that fits a request with this body (see the module docstring)."""
         queue = self.queues.get(path)
-        return queue.popleft() if queue else None
+        if not queue:
+            return None
+        for i, answer in enumerate(queue):
+            if answer.when_body_contains is None or answer.when_body_contains in body:
+                if not answer.repeat:
+                    del queue[i]
+                return answer
+        return None
 
 
 # --- script validation -------------------------------------------------------------------------
@@ -199,6 +232,14 @@ def parse_answer(obj: Any) -> Answer:
         if answer.kind not in ("sse", "stream_echo"):
             raise ScriptError("hold_after needs sse or stream_echo")
         answer.hold_after = hold_after
+    when = obj.get("when_body_contains")
+    if when is not None and (not isinstance(when, str) or not when):
+        raise ScriptError("when_body_contains must be a non-empty string")
+    answer.when_body_contains = when
+    repeat = obj.get("repeat", False)
+    if not isinstance(repeat, bool):
+        raise ScriptError("repeat must be a boolean")
+    answer.repeat = repeat
     return answer
 
 
@@ -374,6 +415,7 @@ def _record(state: _State, request: Request) -> dict[str, Any] | None:
             "body": raw,
             "json": parsed,
             "time": time.time(),
+            "in_flight": state.in_flight,
         }
     )
     return parsed if isinstance(parsed, dict) else None
@@ -407,8 +449,19 @@ async def _stream(request: Request, answer: Answer, frames: list[bytes], state: 
 async def _answer(
     request: Request, path: str, config: WorkerConfig, state: _State
 ) -> HTTPResponse | None:
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    try:
+        return await _answer_one(request, path, config, state)
+    finally:
+        state.in_flight -= 1
+
+
+async def _answer_one(
+    request: Request, path: str, config: WorkerConfig, state: _State
+) -> HTTPResponse | None:
     body = _record(state, request)
-    answer = state.next_answer(path) or Answer()
+    answer = state.next_answer(path, request.body.decode("utf-8", errors="replace")) or Answer()
     if answer.delay:
         await asyncio.sleep(answer.delay)
     kind = answer.kind
@@ -519,6 +572,10 @@ def create_app(config: WorkerConfig, name: str = "scripted_worker") -> Sanic:
     @app.get("/_received", name="received")
     async def received(request: Request) -> HTTPResponse:
         return _json({"requests": state.received})
+
+    @app.get("/_in_flight", name="in_flight")
+    async def in_flight(request: Request) -> HTTPResponse:
+        return _json({"in_flight": state.in_flight, "max": state.max_in_flight})
 
     @app.delete("/_received", name="clear_received")
     async def clear_received(request: Request) -> HTTPResponse:

@@ -142,7 +142,9 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
 
 
 class Connector(Protocol):
-    name: str  # the journal's backend name: "http", "grpc", "zmq", "anthropic"
+    # The journal's backend name, the name of the pool it serves (`smg.routing.pools`): "http",
+    # "grpc", "zmq", "grpc-pd", "grpc-epd", "http-pd", "anthropic".
+    name: str
     # What the connector is: True when the gateway generates the answer itself (renders and
     # tokenizes the prompt, drives an engine token by token: gRPC, ZMQ, gRPC PD/EPD), so it
     # knows the prompt's tokens before the engine is called; False when it relays a worker's

@@ -9,17 +9,14 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from smg.admission import Gates
-from smg.backends.grpc.config import EngineConfig
 from smg.backends.http.client import TRANSPORTS
-from smg.config import GatewayConfig, JournalBufferConfig
-from smg.fetch.config import FetchConfig
-from smg.observability.config import ObservabilityConfig
-from smg.pipeline.media import MediaConfig
+from smg.cli.options import build_component
+from smg.config import GatewayConfig
 from smg.routing.config import RouterConfig
 from smg.routing.router import Router, WorkerRefused, WorkerSpec, gateway_itself
 from smg.routing.self_address import ListeningAddress
@@ -36,16 +33,6 @@ class LaunchError(ValueError):
     """A setting that cannot work, said plainly."""
 
 
-def _aliases(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        alias, sep, canonical = pair.partition("=")
-        if not sep or not alias or not canonical:
-            raise LaunchError(f"--model-alias takes ALIAS=CANONICAL, got {pair!r}")
-        out[alias] = canonical
-    return out
-
-
 def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | None:
     """A parser name the gateway has; an unknown one falls back to detection, as the spec says."""
     if name is None or name in known:
@@ -54,79 +41,28 @@ def _known_parser(flag: str, name: str | None, known: Iterable[str]) -> str | No
     return None
 
 
-def _prefill_workers(values: list[str], flag: str = "--prefill") -> list[tuple[str, int | None]]:
-    """`URL` or `URL PORT` / `URL none` (the bootstrap port) per --prefill (or --encode)."""
-    out: list[tuple[str, int | None]] = []
-    for value in values:
-        url, _, port = value.partition(" ")
-        if not port or port.lower() == "none":
-            out.append((url, None))
-        elif port.isdigit() and 0 < int(port) < 65536:
-            out.append((url, int(port)))
-        else:
-            raise LaunchError(f"{flag} takes URL [BOOTSTRAP_PORT], got {value!r}")
-    return out
-
-
-def _journal_settings(
-    journal_path: Path | None, retention: str | None, bodies: str
-) -> tuple[float | None, int | None] | None:
-    """Checks `--journal-bodies`; parses `--journal-retention`."""
-    from journal.bodies import MODES
-    from journal.retention import parse_retention
-
-    if bodies not in MODES:
-        raise LaunchError(f"--journal-bodies must be one of {', '.join(MODES)}")
-    if journal_path is None and (retention is not None or bodies != "full"):
-        log.warning("--journal-retention/--journal-bodies have no effect with --no-journal")
-    if retention is None:
-        return None
+def build_config(params: Mapping[str, Any], **components: Any) -> GatewayConfig:
+    """The gateway's settings from the parsed `smg launch` flags (`params`, by option name) and
+    the components built from them (`router=…`, `engine=…`), checked as a whole. Raises
+    `LaunchError` (a `ValueError`)."""
     try:
-        return parse_retention(retention)
+        config = build_component(GatewayConfig, params, **components)
+    except LaunchError:
+        raise
     except ValueError as exc:
-        raise LaunchError(f"--journal-retention: {exc}") from None
+        raise LaunchError(str(exc)) from None
+    return check_config(config)
 
 
-def build_config(
-    *,
-    host: str,
-    port: int,
-    worker_urls: list[str],
-    backend: str | None,
-    model_path: str | None,
-    tokenizer_path: str | None,
-    model_aliases: list[str],
-    api_key: str | None,
-    cors_allowed_origins: list[str],
-    request_timeout_secs: float,
-    log_level: str,
-    journal_path: Path | None,
-    max_payload_size: int,
-    upstream_transport: str,
-    router: RouterConfig | None = None,
-    prefill: list[str] | None = None,
-    decode: list[str] | None = None,
-    encode: list[str] | None = None,
-    mcp_config_path: Path | None = None,
-    chat_template: Path | None = None,
-    tokenizer_autoload: bool = True,
-    tool_call_parser: str | None = None,
-    reasoning_parser: str | None = None,
-    journal_retention: str | None = None,
-    journal_bodies: str = "full",
-    observability: ObservabilityConfig | None = None,
-    zmq_engine_count: int = 1,
-    engine: EngineConfig | None = None,
-    header_read_timeout_secs: float = 30.0,
-    max_connections: int | None = None,
-    fetch: FetchConfig | None = None,
-    media: MediaConfig | None = None,
-    journal_buffer: JournalBufferConfig | None = None,
-) -> GatewayConfig:
-    router = router or RouterConfig()
-    prefill_urls = _prefill_workers(prefill or [])
-    decode_urls = list(decode or [])
-    encode_urls = _prefill_workers(encode or [], "--encode")
+def check_config(config: GatewayConfig) -> GatewayConfig:
+    """`config` as the gateway serves it, once the settings are checked against each other.
+    Raises `LaunchError` for settings that cannot work together."""
+    router = config.router
+    backend, model_path, tokenizer_path = config.backend, config.model_path, config.tokenizer_path
+    chat_template = config.chat_template
+    tool_call_parser, reasoning_parser = config.tool_call_parser, config.reasoning_parser
+    worker_urls = list(config.worker_urls)
+    prefill_urls, decode_urls, encode_urls = config.prefill_urls, config.decode_urls, config.encode_urls
     disaggregated = router.pd or router.epd
     if router.pd and router.epd:
         raise LaunchError("--pd-disaggregation and --epd-disaggregation are two modes: choose one")
@@ -147,9 +83,9 @@ def build_config(
             kinds.add(worker_kind(url))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-    _check_worker_urls(host, port, worker_urls, leg_urls, backend, router)
+    _check_worker_urls(config.host, config.port, worker_urls, leg_urls, backend, router)
     if "zmq" in kinds:
-        _check_zmq(backend, model_path, zmq_engine_count)
+        _check_zmq(backend, model_path, config.zmq_engine_count)
     leg_kinds = {worker_kind(u) for u in leg_urls}
     if "zmq" in leg_kinds:
         # As the reference: the ZMQ wire carries no KV-transfer metadata and has no encode path.
@@ -188,11 +124,11 @@ def build_config(
             raise LaunchError(f"--backend {backend} is not supported by this gateway yet")
         else:
             raise LaunchError(f"unknown --backend {backend!r}")
-    if mcp_config_path is not None:
+    if config.mcp_config_path is not None:
         from smg.mcp import McpConfigError, load_mcp_config
 
         try:
-            load_mcp_config(mcp_config_path)
+            load_mcp_config(config.mcp_config_path)
         except McpConfigError as exc:
             raise LaunchError(str(exc)) from None
         if backend != "anthropic" and not router.igw:
@@ -201,56 +137,37 @@ def build_config(
         log.warning("--tool-call-parser/--reasoning-parser are used only by gRPC workers")
     if (model_path or tokenizer_path or chat_template) and not grpc:
         log.warning("--model-path/--tokenizer-path are used only by gRPC/ZMQ workers; HTTP workers tokenize themselves")
-    if upstream_transport not in TRANSPORTS:
+    if config.upstream_transport not in TRANSPORTS:
         raise LaunchError(f"--upstream-transport must be one of {', '.join(TRANSPORTS)}")
-    if log_level.lower() not in _LOG_LEVELS:
+    if config.log_level not in _LOG_LEVELS:
         raise LaunchError(f"--log-level must be one of {', '.join(_LOG_LEVELS)}")
-    if not 0 < port < 65536:
+    if not 0 < config.port < 65536:
         raise LaunchError("--port must be between 1 and 65535")
-    if request_timeout_secs <= 0:
+    if config.request_timeout_secs <= 0:
         raise LaunchError("--request-timeout-secs must be positive")
-    if header_read_timeout_secs <= 0:
+    if config.header_read_timeout_secs <= 0:
         raise LaunchError("--header-read-timeout-secs must be positive")
-    if max_connections is not None and max_connections < 1:
+    if config.max_connections is not None and config.max_connections < 1:
         raise LaunchError("--max-connections must be at least 1")
     if router.worker_registry is not None and not is_redis_url(router.worker_registry):
         raise LaunchError(f"--worker-registry takes a redis:// URL, got {router.worker_registry!r}")
-    retention = _journal_settings(journal_path, journal_retention, journal_bodies)
-    return GatewayConfig(
-        host=host,
-        port=port,
-        worker_urls=tuple(worker_urls),
-        prefill_urls=tuple(prefill_urls),
-        decode_urls=tuple(decode_urls),
-        encode_urls=tuple(encode_urls),
-        backend=backend,
-        model_path=model_path,
-        tokenizer_path=tokenizer_path,
-        model_aliases=_aliases(model_aliases),
-        api_key=api_key or None,
-        cors_allowed_origins=tuple(cors_allowed_origins),
-        request_timeout_secs=request_timeout_secs,
-        header_read_timeout_secs=header_read_timeout_secs,
-        max_connections=max_connections,
-        log_level=log_level.lower(),
-        journal_path=journal_path,
-        journal_bodies=journal_bodies,
-        journal_retention=retention,
-        journal_buffer=journal_buffer or JournalBufferConfig(),
-        max_payload_size=max_payload_size,
+    _check_journal_settings(config)
+    return dataclasses.replace(
+        config,
         router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
-        upstream_transport=upstream_transport,
-        mcp_config_path=mcp_config_path,
-        chat_template=chat_template,
-        tokenizer_autoload=tokenizer_autoload,
         tool_call_parser=tool_call_parser if grpc else None,
         reasoning_parser=reasoning_parser if grpc else None,
-        observability=observability or ObservabilityConfig(),
-        engine=engine or EngineConfig(),
-        zmq_engine_count=zmq_engine_count,
-        fetch=fetch or FetchConfig(),
-        media=media or MediaConfig(),
     )
+
+
+def _check_journal_settings(config: GatewayConfig) -> None:
+    """Checks `--journal-bodies`; warns of journal settings that `--no-journal` makes moot."""
+    from journal.bodies import MODES
+
+    if config.journal_bodies not in MODES:
+        raise LaunchError(f"--journal-bodies must be one of {', '.join(MODES)}")
+    if config.journal_path is None and (config.journal_retention is not None or config.journal_bodies != "full"):
+        log.warning("--journal-retention/--journal-bodies have no effect with --no-journal")
 
 
 def _check_worker_urls(
@@ -286,41 +203,10 @@ def _check_zmq(backend: str | None, model_path: str | None, engine_count: int) -
 def build_router(config: GatewayConfig) -> tuple[Router, list[WorkerSpec]]:
     """The router with a connector for each kind of worker the gateway may serve (all of them in
     IGW mode), and the static workers it starts with."""
-    from smg.backends.anthropic import AnthropicConnector
-    from smg.backends.base import Connector
-    from smg.backends.grpc.backend import EngineConnector
-    from smg.backends.grpc.pd import GrpcPdConnector
-    from smg.backends.http.pd import HttpPdConnector
-    from smg.backends.http.relay import HttpConnector
-    from smg.backends.zmq.connector import zmq_connector
-    from smg.pipeline.tokenizers.registry import TokenizerRegistry
+    from smg.cli.connectors import build_connectors
 
-    kinds = {worker_kind(u) for u in config.worker_urls}
-    legs = {worker_kind(u) for u, _ in [*config.prefill_urls, *config.encode_urls]} | {
-        worker_kind(u) for u in config.decode_urls
-    }
+    connectors = build_connectors(config)
     anthropic = config.backend == "anthropic"
-    igw, pd, epd = config.router.igw, config.router.pd, config.router.epd
-    connectors: dict[str, Connector] = {}
-    if igw or anthropic:
-        connectors["anthropic"] = AnthropicConnector(config)
-    # gRPC and ZMQ engines serving one model share its tokenizer.
-    tokenizers = TokenizerRegistry(autoload=config.tokenizer_autoload)
-    if igw or (kinds == {"grpc"} and not anthropic) or "grpc" in legs:
-        grpc = EngineConnector(config, tokenizers)
-        connectors["grpc"] = grpc
-        # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
-        if igw or (pd and "grpc" in legs):
-            connectors["pd-grpc"] = GrpcPdConnector(grpc)
-        if epd:
-            connectors["epd-grpc"] = GrpcPdConnector(grpc, roles=("encode", "prefill", "decode"))
-    if igw or (kinds == {"zmq"} and not anthropic):
-        connectors["zmq"] = zmq_connector(config, tokenizers)
-    if igw or ("http" in kinds and not anthropic) or (pd and "grpc" not in legs):
-        relay = HttpConnector(config)
-        connectors["http"] = relay
-        if igw or pd:
-            connectors["pd-http"] = HttpPdConnector(config, relay)
     specs = [
         WorkerSpec(url=url, external=True, provider="anthropic", wildcard=not config.router.igw)
         if anthropic
@@ -393,8 +279,19 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
     warn_if_admin_is_open(config, admission)
+    from smg.admission.startup import warn_about_tenant_names
+
+    warn_about_tenant_names(
+        config.api_key, admission, worker_registry=config.router.worker_registry, journal_sink=config.journal_sink.url
+    )
     if config.journal_path:
         check_journal(config.journal_path)
+        from smg.admission.tenants import load_tenant_secret
+
+        try:  # made here, once: every process reads it to key the journal's fingerprints
+            load_tenant_secret(config.journal_path)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:
@@ -404,6 +301,7 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
 def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket | None, retention: bool) -> None:
     from journal.writer import JournalWriter, NullJournal
     from smg import journal_sink
+    from smg.admission.tenants import load_tenant_secret
     from smg.observability import metrics
     from smg.server.app import build_app
     from smg.server.connections import default_max_connections, guarded_protocol
@@ -416,6 +314,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             retention=config.journal_retention if retention else None,
             max_held=config.journal_buffer.journal_max_held,
             recover=retention,
+            secret=load_tenant_secret(config.journal_path),
         )
         if config.journal_path
         else NullJournal()

@@ -6,21 +6,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
 from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
 from smg.backends.grpc.config import EngineConfig
-from smg.cli.engine import engine_app
-from smg.cli.inspect import inspect_command
-from smg.cli.journal import journal_app
+from smg.cli import lazy
 from smg.cli.options import build_component, with_component_flags
-from smg.cli.replay import replay
-from smg.cli.sink import sink_app
-from smg.config import JournalBufferConfig
+from smg.config import GatewayConfig, JournalBufferConfig, ProcessConfig
 from smg.fetch.config import FetchConfig
 from smg.journal_sink import SinkConfig
 from smg.observability.config import ObservabilityConfig
@@ -33,14 +28,8 @@ from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 from smg.shared.link import SharedStateConfig
 
-app = typer.Typer(
-    help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
-)
-app.add_typer(journal_app, name="journal")
-app.add_typer(engine_app, name="engine")
-app.add_typer(sink_app, name="journal-sink")
-app.command("replay")(replay)
-app.command("inspect")(inspect_command)
+# `journal`, `engine`, `journal-sink`, `replay` and `inspect` are imported when named (`smg.cli.lazy`).
+app = lazy.root()
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
 _MULTI_VALUE = (
@@ -68,6 +57,9 @@ _COMPONENTS = (
     SinkConfig,
     JournalBufferConfig,
 )
+# Every `smg launch` setting, declared on the settings it fills: the gateway's own, the launching
+# process's, then the components'.
+_SETTINGS = (GatewayConfig, ProcessConfig, *_COMPONENTS)
 
 
 def router_config(params: dict[str, Any]) -> RouterConfig:
@@ -127,102 +119,8 @@ def main() -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@with_component_flags(*_COMPONENTS)
-def launch(
-    ctx: typer.Context,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 30000,
-    worker_urls: Annotated[
-        list[str] | None,
-        typer.Option(help="Worker URLs; the scheme picks the kind: http(s):// (relay), grpc://, ipc:// (ZMQ)."),
-    ] = None,
-    prefill: Annotated[
-        list[str] | None,
-        typer.Option(help="With --pd-disaggregation: a prefill worker, URL [BOOTSTRAP_PORT] (repeatable)."),
-    ] = None,
-    decode: Annotated[
-        list[str] | None, typer.Option(help="With --pd-disaggregation: a decode worker URL (repeatable).")
-    ] = None,
-    encode: Annotated[
-        list[str] | None,
-        typer.Option(help="With --epd-disaggregation: an encode worker, URL [BOOTSTRAP_PORT] (repeatable)."),
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option("--backend", "--runtime", help="Engine runtime or API backend (e.g. sglang, vllm).")
-    ] = None,
-    model_path: Annotated[
-        str | None, typer.Option("--model-path", "--model", help="Model path for the tokenizer (gRPC/ZMQ workers).")
-    ] = None,
-    tokenizer_path: Annotated[str | None, typer.Option(help="Tokenizer path, if not the model path.")] = None,
-    model_alias: Annotated[
-        list[str] | None, typer.Option(help="ALIAS=CANONICAL: serve CANONICAL under another name (repeatable).")
-    ] = None,
-    api_key: Annotated[
-        str | None, typer.Option(help="Require `Authorization: Bearer <key>` from clients.", envvar="SMG_API_KEY")
-    ] = None,
-    cors_allowed_origins: Annotated[
-        list[str] | None, typer.Option(help="Origins allowed cross-origin (default: any).")
-    ] = None,
-    request_timeout_secs: Annotated[
-        float, typer.Option(help="Each request's deadline, every attempt included (504 timeout_error past it).")
-    ] = 1800.0,
-    header_read_timeout_secs: Annotated[
-        float,
-        typer.Option(
-            help="A request's head and body must arrive whole within this, from accept (a kept-alive "
-            "connection's next request: from its first byte; it waits no longer than this for it)."
-        ),
-    ] = 30.0,
-    max_connections: Annotated[
-        int | None,
-        typer.Option(help="Open client connections at most; more are answered 503 (default: from the fd limit)."),
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    journal: Annotated[Path, typer.Option("--journal", help="SQLite journal file.", envvar="SMG_JOURNAL")] = Path(
-        "smg-journal.db"
-    ),
-    no_journal: Annotated[bool, typer.Option("--no-journal", help="Record nothing.")] = False,
-    journal_retention: Annotated[
-        str | None,
-        typer.Option(help="Prune the journal to an age and/or size, checked every minute: 7d, 500MB, 7d,2GB."),
-    ] = None,
-    journal_bodies: Annotated[
-        str, typer.Option(help="What the journal keeps of content: full, redacted (fingerprints) or none.")
-    ] = "full",
-    max_payload_size: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 536_870_912,
-    upstream_transport: Annotated[
-        str, typer.Option(help="Upstream HTTP client transport: aiohttp (faster, see make bench) or httpx.")
-    ] = "aiohttp",
-    mcp_config_path: Annotated[
-        Path | None,
-        typer.Option(help="MCP tool loop policy file, YAML or JSON (see smg.mcp.config); --backend anthropic."),
-    ] = None,
-    chat_template: Annotated[
-        Path | None, typer.Option(help="Jinja chat template file overriding the tokenizer's (gRPC workers).")
-    ] = None,
-    tool_call_parser: Annotated[
-        str | None, typer.Option(help="gRPC workers: the model's tool-call format (default: from the model id).")
-    ] = None,
-    reasoning_parser: Annotated[
-        str | None, typer.Option(help="gRPC workers: the model's reasoning format (default: from the model id).")
-    ] = None,
-    disable_tokenizer_autoload: Annotated[
-        bool,
-        typer.Option(
-            "--disable-tokenizer-autoload",
-            help="Never fetch a tokenizer from a gRPC worker: only --model-path, --tokenizer-path or "
-            "POST /v1/tokenizers register one.",
-        ),
-    ] = False,
-    zmq_engine_count: Annotated[
-        int, typer.Option(help="ipc:// (ZMQ) workers: the data-parallel engines that dial each worker.")
-    ] = 1,
-    workers: Annotated[
-        int,
-        typer.Option(help="Gateway processes sharing the listening socket and the journal file (default: 1)."),
-    ] = 1,
-    **flags: Any,
-) -> None:
+@with_component_flags(*_SETTINGS)
+def launch(ctx: typer.Context, **flags: Any) -> None:
     """Start the gateway."""
     from smg.admission import build_admission
     from smg.cli.launch import LaunchError, build_config, run
@@ -237,18 +135,22 @@ def launch(
     from smg.observability import logs
 
     observability = build_component(ObservabilityConfig, flags)
-    logs.configure(log_level if log_level.lower() in _LOG_LEVELS else "info", observability.log_json)
+    log_level = str(flags["log_level"]).lower()
+    logs.configure(log_level if log_level in _LOG_LEVELS else "info", observability.log_json)
     # The upstream client would log every request at INFO: far too much on the hot path.
     for noisy in ("httpx", "httpcore", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         try:
+            process = build_component(ProcessConfig, flags)
             router = router_config(flags)
             from smg.admission.tenants import load_tenant_secret
 
+            api_key = flags["api_key"] or None
+            journal_path = None if process.no_journal else flags["journal"]
             admission = build_admission(
-                api_key or None,
-                tenant_secret=load_tenant_secret(None if no_journal else journal) if api_key else None,
+                api_key,
+                tenant_secret=load_tenant_secret(journal_path) if api_key else None,
                 tenants=build_component(TenantConfig, flags),
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
@@ -263,42 +165,15 @@ def launch(
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         config = build_config(
-            host=host,
-            port=port,
-            worker_urls=worker_urls or [],
-            prefill=prefill or [],
-            decode=decode or [],
-            encode=encode or [],
-            backend=backend,
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            model_aliases=model_alias or [],
-            api_key=api_key,
-            cors_allowed_origins=cors_allowed_origins or [],
-            request_timeout_secs=request_timeout_secs,
-            header_read_timeout_secs=header_read_timeout_secs,
-            max_connections=max_connections,
-            log_level=log_level,
-            journal_path=None if no_journal else journal,
-            journal_retention=journal_retention,
-            journal_bodies=journal_bodies,
-            max_payload_size=max_payload_size,
+            flags,
+            journal_path=journal_path,
             router=router,
-            upstream_transport=upstream_transport,
-            mcp_config_path=mcp_config_path,
-            chat_template=chat_template,
-            tokenizer_autoload=not disable_tokenizer_autoload,
             engine=build_component(EngineConfig, flags),
-            tool_call_parser=tool_call_parser,
-            reasoning_parser=reasoning_parser,
             observability=observability,
-            zmq_engine_count=zmq_engine_count,
             fetch=fetch,
             media=media,
             journal_buffer=journal_buffer,
         )
-        if workers < 1:
-            raise LaunchError("--workers must be at least 1")
         from smg import journal_sink
 
         sink = build_component(SinkConfig, flags)
@@ -311,7 +186,7 @@ def launch(
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        run(config, admission, workers=workers)
+        run(config, admission, workers=process.workers)
     except LaunchError as exc:
         typer.echo(f"smg launch: {exc}", err=True)
         raise typer.Exit(2) from None

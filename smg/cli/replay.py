@@ -6,16 +6,22 @@
   tokens with today's pipeline (no engine), diff against the recorded blocks.
 - `smg replay --offline [QUERY] --check`: the same for every matching request; a regression
   check over real traffic.
+- `smg replay QUERY --to URL [--concurrency N] [--rate R] [--report FILE] [--fail-on-diff]`:
+  every request the query selects, sent to the candidate and told in aggregate
+  (`smg.cli.replay_batch`). A target that is one request's id (or unique prefix) is the
+  single form unless one of those flags is given.
 
-Exit codes: 0 identical, 1 differences, 2 usage errors (or a request that cannot be replayed).
+Exit codes: 0 identical, 1 differences, 2 usage errors (or a request that cannot be replayed);
+the batch form's are `smg.cli.replay_batch`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,12 +29,14 @@ from rich.markup import escape
 
 from journal.events import Event
 from journal.query import QueryError, compile_query
-from journal.reader import JournalError
+from journal.reader import AmbiguousRequestId, JournalError
 from journal.schema import DEFAULT_PATH, ENV_VAR
-from journal.store import JournalStore, is_postgres, open_journal
+from journal.store import JournalStore, is_postgres, open_journal, shown
+from replay.batch import Options, Tally, select, selection
 from replay.diff import render
 from replay.offline import NotReplayable, Report, TokenizerUnavailable, check, load_tokenizer
 from replay.remote import RemoteResult, ReplayError, replay_to
+from smg.cli.replay_batch import replay_batch
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 
 IDENTICAL, DIFFERENT, USAGE = 0, 1, 2
@@ -45,7 +53,8 @@ def replay(
         str | None,
         typer.Argument(
             metavar="ID|QUERY",
-            help="A request id (or a unique prefix); with --offline --check, a journal query (default: all).",
+            help="A request id (or a unique prefix), or with --to a journal query: every request it selects;"
+            " with --offline --check, a journal query (default: all).",
         ),
     ] = None,
     to: Annotated[str | None, typer.Option("--to", help="Base URL of a gateway or worker to send it to.")] = None,
@@ -93,6 +102,32 @@ def replay(
     tokenizer: Annotated[
         Path | None, typer.Option("--tokenizer", help="With --offline: a tokenizer to use instead of the recorded one.")
     ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", min=1, help="With --to QUERY: requests in flight at once (default 1)."),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate", min=0.001, help="With --to QUERY: requests started per second at most (default: no limit)."
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", min=0.001, help="With --to QUERY: seconds for each answer; past it, failed (default 600)."
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="With --to QUERY: write the aggregate report there as JSON.")
+    ] = None,
+    fail_on_diff: Annotated[
+        bool, typer.Option("--fail-on-diff", help="With --to QUERY: exit 1 when a request differed or failed.")
+    ] = False,
+    include_replays: Annotated[
+        bool,
+        typer.Option("--include-replays", help="With --to QUERY: select replays too (rows with replay_of)."),
+    ] = False,
 ) -> None:
     """Replay a journaled request against a live target (--to) or offline through today's pipeline."""
     if (to is None) == (not offline):
@@ -103,6 +138,16 @@ def replay(
         raise _fail("--header, --api-key, --mcp-token, --secret-url, --exact and --text go with --to")
     if to is not None and tokenizer is not None:
         raise _fail("--tokenizer goes with --offline")
+    batch = (
+        concurrency is not None
+        or rate is not None
+        or timeout is not None
+        or report is not None
+        or fail_on_diff
+        or include_replays
+    )
+    if batch and to is None:
+        raise _fail("--concurrency, --rate, --timeout, --report, --fail-on-diff and --include-replays go with --to")
     if not check_all and not target:
         raise _fail("which request? give its id (or a unique prefix)")
     try:
@@ -114,6 +159,23 @@ def replay(
         if check_all:
             raise typer.Exit(_check_all(console, reader, target, _tokenizer(tokenizer)))
         assert target is not None
+        if to is not None:
+            one = _one_request(reader, target, batch)
+            if batch or one is None:
+                options = Options(
+                    concurrency=concurrency or 1,
+                    rate=rate,
+                    timeout=timeout or 600.0,
+                    headers=_headers(header or [], api_key),
+                    mcp_tokens=_pairs(mcp_token or [], "--mcp-token", "NAME=TOKEN"),
+                    secret_urls=tuple(secret_url or ()),
+                    exact=exact,
+                    text=text or None,
+                )
+                query = None if one is not None else selection(target, include_replays=include_replays)
+                raise typer.Exit(
+                    _batch(console, reader, target, query, one, to, options, journal, report, fail_on_diff)
+                )
         request_id, events = _load(reader, target)
     if offline:
         raise typer.Exit(_offline_one(console, request_id, events, _tokenizer(tokenizer)))
@@ -142,6 +204,20 @@ def replay(
 
 
 # -- input -------------------------------------------------------------------------------
+
+
+def _one_request(reader: JournalStore, target: str, batch: bool) -> dict[str, Any] | None:
+    """The request `target` names by id (or unique prefix), else None: then it is a query.
+    An ambiguous prefix is an error in the single form (it lists the candidates), a query in
+    the batch form."""
+    try:
+        return reader.get_request(target)
+    except AmbiguousRequestId as exc:
+        if batch:
+            return None
+        raise _fail(str(exc)) from exc
+    except JournalError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def _load(reader: JournalStore, id_or_prefix: str) -> tuple[str, list[Event]]:
@@ -260,6 +336,36 @@ def _check_all(console: Console, reader: JournalStore, query: str | None, tokeni
 
 
 # -- remote ------------------------------------------------------------------------------
+
+
+def _batch(
+    console: Console,
+    reader: JournalStore,
+    target: str,
+    query: str | None,
+    one: dict[str, Any] | None,
+    to: str,
+    options: Options,
+    journal: str,
+    report: Path | None,
+    fail_on_diff: bool,
+) -> int:
+    """The batch form: the one request `target` names (`one`), or every request `query` (the
+    selection `target` makes as a query) selects."""
+    if query is not None:
+        try:
+            reader.check(target)
+            total: int | None = reader.count(query)
+        except QueryError as exc:
+            raise _fail(f"no request {target!r} in {reader.location}, and it is not a query: {exc}") from exc
+        rows: Iterable[Mapping[str, Any]] = select(reader, query, before=time.time())
+    else:
+        assert one is not None
+        rows, total = [one], 1
+    # As in the single form: the fleet journal is written by the replicas' shippers only.
+    here = None if is_postgres(journal) else journal
+    tally = Tally(target=to, query=target, journal=shown(journal), options=options)
+    return replay_batch(console, reader, rows, total, to, tally, here, report=report, fail_on_diff=fail_on_diff)
 
 
 def _show_remote(console: Console, result: RemoteResult, exact: bool) -> int:

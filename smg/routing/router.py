@@ -38,6 +38,7 @@ from smg.routing.policies import (
     routing_key,
     routing_text,
 )
+from smg.routing.pools import GRPC, GRPC_EPD, GRPC_PD, ZMQ, PoolKey
 from smg.routing.registry import DuplicateWorker, WorkerRegistry
 from smg.routing.self_address import ListeningAddress
 from smg.routing.shared_registry import SharedWorkers, WorkerUrlTaken
@@ -59,7 +60,7 @@ PROVIDER_MODEL_PREFIXES: dict[str, tuple[str, ...]] = {
 # The longest a request for a model no worker serves waits for first discoveries in flight.
 DISCOVERY_WAIT_SECS = 2.0
 # Pools whose gateway answers count_tokens and `max_tokens: 0` itself, best first.
-_SELF_ANSWERING = ("grpc", "zmq", "pd-grpc", "epd-grpc")
+_SELF_ANSWERING = (GRPC, ZMQ, GRPC_PD, GRPC_EPD)
 # Policies that route on the request's text; the others never pay for extracting it.
 _TEXT_POLICIES = NEEDS_TEXT | {"prefix_hash"}
 
@@ -79,29 +80,13 @@ class WorkerSpec:
     wildcard: bool = False  # serves every model (`--backend anthropic`)
 
 
-def pool_key(worker: Worker, epd: bool = False) -> str | None:
-    """The self-hosted pool a worker belongs to: its connection mode, `pd-<mode>` for the
-    prefill and decode workers of a disaggregated deployment, `epd-<mode>` for the encode,
-    prefill and decode workers of an encode/prefill/decode one (`epd`: the gateway's mode)."""
-    if worker.role == "regular":
-        return worker.connection
-    if worker.role == "encode" or (epd and worker.role in ("prefill", "decode")):
-        return f"epd-{worker.connection}"
-    return f"pd-{worker.connection}"
-
-
-def disaggregated(key: str) -> bool:
-    """Whether a pool's requests are served by prefill/decode pairs."""
-    return key.startswith(("pd-", "epd-"))
-
-
 def _has_role(workers: list[Worker], role: str) -> bool:
     return any(w.role == role for w in workers)
 
 
-def _available(key: str, workers: list[Worker]) -> int:
+def _available(key: PoolKey, workers: list[Worker]) -> int:
     """A pool's weight: its available workers; a disaggregated pool's, its available pairs."""
-    if not disaggregated(key):
+    if not key.disaggregated:
         return sum(w.available for w in workers)
     return min(sum(w.available for w in workers if w.role == role) for role in ("prefill", "decode"))
 
@@ -137,7 +122,7 @@ class Router:
     def __init__(
         self,
         config: RouterConfig,
-        connectors: Mapping[str, Connector],
+        connectors: Mapping[PoolKey, Connector] | Mapping[str, Connector],
         registry: WorkerRegistry | None = None,
         rng: random.Random | None = None,
         listening: ListeningAddress | None = None,
@@ -145,9 +130,10 @@ class Router:
         self.config = config
         self._listening = listening  # the gateway's own address: never a worker of its own
         self.registry = registry or WorkerRegistry()
-        self._connectors = dict(connectors)
+        # A pool's connector, by its key (or its name: `"grpc"`, `"grpc-pd"`).
+        self._connectors = {PoolKey.parse(k) if isinstance(k, str) else k: c for k, c in connectors.items()}
         self._rng = rng or random.Random()
-        self._policies: dict[str, Policy] = {}
+        self._policies: dict[tuple[PoolKey, str | None], Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
@@ -177,10 +163,8 @@ class Router:
 
     # workers
 
-    def connector_key(self, worker: Worker) -> str:
-        if worker.external:
-            return worker.runtime or ""
-        return pool_key(worker, self.config.epd) or worker.connection
+    def connector_key(self, worker: Worker) -> PoolKey:
+        return PoolKey.of(worker, self.config.epd)
 
     def _connector_of(self, worker: Worker) -> Connector | None:
         return self._connectors.get(self.connector_key(worker))
@@ -212,7 +196,7 @@ class Router:
             worker.models = set(spec.models)
         key = self.connector_key(worker)
         if key not in self._connectors and not worker.external:
-            kinds = ", ".join(sorted(self._connectors)) or "none"
+            kinds = ", ".join(sorted(k.name for k in self._connectors)) or "none"
             raise WorkerRefused(
                 f"this gateway serves {kinds} workers; a {key} worker needs IGW mode (--enable-igw)"
                 if not self.config.igw
@@ -359,7 +343,7 @@ class Router:
     def not_ready_reason(self) -> str | None:
         """None when some worker can take a request and every connector is ready for its
         workers (a gRPC model's tokenizer is loaded); else why not."""
-        groups: dict[str, list[Worker]] = {}
+        groups: dict[PoolKey, list[Worker]] = {}
         for worker in self.registry.all():
             if worker.available:
                 groups.setdefault(self.connector_key(worker), []).append(worker)
@@ -379,8 +363,9 @@ class Router:
         itself (`Connector.generates`) rather than relaying one."""
         return any(c.generates for c in self._connectors.values() if c.name == backend)
 
-    def connector(self, key: str) -> Connector | None:
-        return self._connectors.get(key)
+    def connector(self, key: PoolKey | str) -> Connector | None:
+        """A pool's connector, by its key or its name (`"grpc-pd"`)."""
+        return self._connectors.get(PoolKey.parse(key) if isinstance(key, str) else key)
 
     def provider_worker(self, provider: str) -> Worker | None:
         """An available worker of an external provider (for answers the provider's API gives
@@ -390,14 +375,14 @@ class Router:
 
     # requests
 
-    def _policy(self, pool: str, name: str | None = None) -> Policy:
-        policy = self._policies.get(pool)
+    def _policy(self, pool: PoolKey, role: str | None, name: str | None = None) -> Policy:
+        policy = self._policies.get((pool, role))
         if policy is None:
             chosen = name or self.config.policy
-            policy = self._policies[pool] = make_policy(chosen, self.config.policies, rng=self._rng)
+            policy = self._policies[pool, role] = make_policy(chosen, self.config.policies, rng=self._rng)
         return policy
 
-    def route(self, call: Call) -> tuple[str, list[Worker]]:
+    def route(self, call: Call) -> tuple[PoolKey, list[Worker]]:
         """The pool that serves the call and its workers of the model. Raises `ApiError`."""
         serving = self.registry.serving(call.model)
         if not serving:
@@ -411,20 +396,20 @@ class Router:
         external = [w for w in serving if w.external]
         if external:
             provider = external[0].runtime or ""
-            if provider in self._connectors:
-                return provider, [w for w in external if w.runtime == provider]
+            if PoolKey(provider) in self._connectors:
+                return PoolKey(provider), [w for w in external if w.runtime == provider]
             raise ApiError(501, "Messages API not yet implemented for this router", code="not_implemented")
-        pools: dict[str, list[Worker]] = {}
+        pools: dict[PoolKey, list[Worker]] = {}
         for worker in serving:
-            key = pool_key(worker, self.config.epd)
-            if key is not None and key in self._connectors:
+            key = PoolKey.of(worker, self.config.epd)
+            if key in self._connectors:
                 pools.setdefault(key, []).append(worker)
         if not pools:
             raise ApiError(404, f"No worker available for model '{call.model}'", code="model_not_found")
         counting = call.endpoint == "count_tokens"
         if counting:
             # A disaggregated pool answers count_tokens with its prefill workers alone.
-            pools = {k: ws for k, ws in pools.items() if not disaggregated(k) or _has_role(ws, "prefill")}
+            pools = {k: ws for k, ws in pools.items() if not k.disaggregated or _has_role(ws, "prefill")}
         if len(pools) == 1:
             return next(iter(pools.items()))
         answers_itself = counting or getattr(call.request, "max_tokens", None) == 0
@@ -434,7 +419,7 @@ class Router:
                     return key, pools[key]
         weights = {key: _available(key, workers) for key, workers in pools.items()}
         if not any(weights.values()):
-            key = min(pools)  # every pool is down: any of them gives the same 503
+            key = min(pools, key=str)  # every pool is down: any of them gives the same 503
             return key, pools[key]
         keys = [k for k, n in weights.items() if n]
         key = self._rng.choices(keys, weights=[weights[k] for k in keys])[0]
@@ -450,7 +435,7 @@ class Router:
         )
 
     def _dispatch(
-        self, key: str, connector: Connector, call: Call, workers: list[Worker], role: str | None = None
+        self, key: PoolKey, connector: Connector, call: Call, workers: list[Worker], role: str | None = None
     ) -> Dispatch:
         policy_name = {
             "prefill": self.config.prefill_policy,
@@ -465,7 +450,7 @@ class Router:
             generates=connector.generates,
             model=call.model,
             workers=[w for w in workers if role is None or w.role == role],
-            policy=self._policy(f"{key}:{role}" if role else key, policy_name),
+            policy=self._policy(key, role, policy_name),
             context=self._context(call),
             retry=self.config.retry,
             on_idle=self._release,
@@ -492,14 +477,14 @@ class Router:
         key, workers = self.route(call)
         connector = self._connectors[key]
         dispatch: Dispatch | PairDispatch
-        if not disaggregated(key):
+        if not key.disaggregated:
             dispatch = self._dispatch(key, connector, call, workers)
         elif call.endpoint == "count_tokens":
             dispatch = self._dispatch(key, connector, call, workers, "prefill")
         else:
             prefill = self._dispatch(key, connector, call, workers, "prefill")
             decode = self._dispatch(key, connector, call, workers, "decode")
-            encode = self._dispatch(key, connector, call, workers, "encode") if key.startswith("epd-") else None
+            encode = self._dispatch(key, connector, call, workers, "encode") if key.encodes else None
             dispatch = PairDispatch(prefill, decode, self.config.retry, encode)
         attempts = dispatch.attempts()
         try:

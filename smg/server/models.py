@@ -18,6 +18,7 @@ from sanic.response import json as json_response
 from smg.backends.anthropic import AnthropicConnector
 from smg.backends.base import ModelCard
 from smg.protocol.errors import ApiError, envelope
+from smg.routing.pools import ANTHROPIC
 from smg.server.state import Gateway
 
 _CREATED_AT = "1970-01-01T00:00:00Z"
@@ -48,7 +49,7 @@ async def _upstream(
 ) -> tuple[int, bytes] | None:
     """The Anthropic API's own answer, when an Anthropic worker is registered."""
     worker = gateway.router.provider_worker("anthropic")
-    connector = gateway.router.connector("anthropic")
+    connector = gateway.router.connector(ANTHROPIC)
     if worker is None or not isinstance(connector, AnthropicConnector):
         return None
     return await connector.list_models(worker, headers, query, model_id)

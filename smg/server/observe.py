@@ -23,7 +23,7 @@ _TIMEOUTS = frozenset({408, 504})
 RATE_LIMITED = frozenset({"admission_queue_full", "admission_queue_timeout", "tenant_rate_limit_exceeded"})
 # The reference's `backend_type` per connector; its `router_type` is what the connector is
 # (`Connector.generates`: `grpc`, the generating router, else `http`, the relaying one).
-_BACKEND_TYPES = {"http-pd": "pd", "grpc-pd": "pd", "anthropic": "external"}
+_BACKEND_TYPES = {"http-pd": "pd", "grpc-pd": "pd", "grpc-epd": "pd", "anthropic": "external"}
 
 
 def error_type(status: int, code: str | None) -> str:

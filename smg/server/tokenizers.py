@@ -14,12 +14,13 @@ from sanic.response import json as json_response
 
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.protocol import codec
+from smg.routing.pools import GRPC, ZMQ
 
 
 def _registry(request: Any) -> TokenizerRegistry | None:
     router = request.app.ctx.gateway.router
     # gRPC and ZMQ connectors share one registry.
-    connector = router.connector("grpc") or router.connector("zmq")
+    connector = router.connector(GRPC) or router.connector(ZMQ)
     return getattr(connector, "tokenizers", None)
 
 

@@ -23,25 +23,9 @@ runner = CliRunner()
 DAY = 86400.0
 
 
-def config(**overrides: Any) -> Any:
-    settings: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": 30000,
-        "worker_urls": ["http://127.0.0.1:1"],
-        "backend": None,
-        "model_path": None,
-        "tokenizer_path": None,
-        "model_aliases": [],
-        "api_key": None,
-        "cors_allowed_origins": [],
-        "request_timeout_secs": 10.0,
-        "log_level": "info",
-        "journal_path": Path("j.db"),
-        "max_payload_size": 1000,
-        "upstream_transport": "aiohttp",
-        **overrides,
-    }
-    return build_config(**settings)
+def config(**flags: Any) -> Any:
+    """The checked settings of `smg launch --worker-urls http://127.0.0.1:1` and `flags` (by option name)."""
+    return build_config({"worker_urls": ["http://127.0.0.1:1"], **flags})
 
 
 def test_launch_journal_settings_reach_the_config() -> None:

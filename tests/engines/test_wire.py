@@ -1,7 +1,10 @@
-"""`smg.backends.grpc.wire` against a real gRPC server (grpcio's, over loopback): the HTTP/2
-and gRPC behaviour the Generate stream relies on, at the edges the scripted engine never
-reaches — flow control both ways, messages split and joined across frames, compression,
-stream limits, statuses in trailers and trailers-only, cancellation, a server going away."""
+"""`smg.backends.grpc.wire`, the asyncio transport over `http2`'s sans-IO protocol, over loopback:
+against a real grpcio server (flow control both ways with a real peer, large messages,
+compression, stream limits, statuses, cancellation, a server going away or cut), against the
+scripted engine (many Generate streams at once, a cancel the engine sees), and against a
+hand-framed HTTP/2 peer for the waits only the transport has (send window, connecting, a
+socket closed once the protocol is done with it). The protocol's rules themselves are tested
+without sockets in `test_http2.py`."""
 
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ import grpc.aio
 import hpack
 import pytest
 
-from smg.backends.grpc import wire
-from smg.backends.grpc.types import EngineError
+from smg.backends.grpc import http2, wire
+from smg.backends.grpc.engines import connect
+from smg.backends.grpc.types import EngineError, GenerateCall
+from tests.engines.conftest import EngineUnderTest
 
 PATH = "/test.Stream/Run"
 
@@ -110,7 +115,7 @@ async def test_many_streams_at_once_over_one_connection_beyond_the_servers_strea
         finally:
             channel.close()
     assert [[len(m) for m in r[1:]] for r in results] == [[n] * 20 for n in range(12)]
-    assert connection.peer_max_streams == 2
+    assert connection.protocol.peer_max_streams == 2
 
 
 async def test_compressed_answers_are_decompressed() -> None:
@@ -184,7 +189,7 @@ async def test_a_reader_that_leaves_cancels_the_call_on_the_server() -> None:
             assert await stream.read() == b"tick"
             stream.cancel()
             await _until(lambda: server.cancelled == [b"leave early"])
-            assert not (await channel.connection()).streams
+            assert not (await channel.connection()).protocol.streams
             with pytest.raises(EngineError) as read_after:
                 await stream.read()
             assert read_after.value.code == "CANCELLED"
@@ -208,7 +213,7 @@ async def test_a_stalled_reader_stalls_the_server_instead_of_buffering_without_b
             assert await stream.read() is not None
             await asyncio.sleep(0.5)  # the reader stops; 4000 × 16 KiB is 64 MiB
             held = sent
-            assert held * 16_384 < 3 * wire.STREAM_WINDOW, held
+            assert held * 16_384 < 3 * http2.STREAM_WINDOW, held
             count = 1
             while await stream.read() is not None:  # and once it reads again, all of it arrives
                 count += 1
@@ -263,16 +268,58 @@ async def test_a_graceful_stop_lets_the_stream_in_flight_finish() -> None:
         channel.close()
 
 
-def test_status_names() -> None:
-    assert [wire.status_name(v) for v in ("0", "3", "14", "16", "17", "x", None)] == [
-        "OK",
-        "INVALID_ARGUMENT",
-        "UNAVAILABLE",
-        "UNAUTHENTICATED",
-        "UNKNOWN",
-        "UNKNOWN",
-        "UNKNOWN",
-    ]
+# -- the scripted engine ------------------------------------------------------------------------
+
+
+def _generate(client: Any, rid: str, tokens: int) -> bytes:
+    call = GenerateCall(request_id=rid, input_ids=[1, 2, 3], max_tokens=tokens)
+    return bytes(client.generate_request(call).SerializeToString())
+
+
+async def test_many_generate_streams_at_once_from_the_scripted_engine(sglang: EngineUnderTest) -> None:
+    sglang.control.script(default={"token_ids": list(range(100, 140)), "eos": False, "chunk_size": 1})
+    client: Any = connect("sglang", sglang.url)
+    path, parse = wire.method_path(client.pb, "Generate")
+    channel = wire.Channel(client.target)
+
+    async def one(i: int) -> list[Any]:
+        stream = await channel.stream(path, _generate(client, f"r{i}", 40))
+        return [parse(m) async for m in _messages(stream)]
+
+    try:
+        answers = await asyncio.gather(*(one(i) for i in range(24)))
+    finally:
+        channel.close()
+        await client.close()
+    for i, answer in enumerate(answers):
+        assert [m.WhichOneof("response") for m in answer] == ["chunk"] * 40 + ["complete"], i
+        assert [t for m in answer[:-1] for t in m.chunk.token_ids] == list(range(100, 140))
+        assert {m.request_id for m in answer} == {f"r{i}"}
+
+
+async def test_a_generate_stream_left_early_is_cancelled_on_the_scripted_engine(sglang: EngineUnderTest) -> None:
+    sglang.control.script(default={"token_ids": list(range(100, 140)), "eos": False, "chunk_size": 1, "hold_after": 3})
+    client: Any = connect("sglang", sglang.url)
+    path, parse = wire.method_path(client.pb, "Generate")
+    channel = wire.Channel(client.target)
+    try:
+        stream = await channel.stream(path, _generate(client, "leaves", 40))
+        for _ in range(3):
+            message = await stream.read()
+            assert message is not None and parse(message).WhichOneof("response") == "chunk"
+        stream.cancel()
+        await _until(lambda: sglang.control.cancelled() == ["leaves"])
+        again = await channel.stream(path, _generate(client, "after", 2))  # the connection serves on
+        sglang.control.release()
+        assert len([m async for m in _messages(again)]) >= 2
+    finally:
+        channel.close()
+        await client.close()
+
+
+async def _messages(stream: wire.Call) -> AsyncIterator[bytes]:
+    while (message := await stream.read()) is not None:
+        yield message
 
 
 # -- a hand-written HTTP/2 server, for what grpcio will not do on cue --------------------------
@@ -296,20 +343,20 @@ class Peer:
         self.writer.write(FRAME.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload)
 
     def settings(self, *pairs: tuple[int, int]) -> None:
-        self.send(wire.SETTINGS, 0, 0, b"".join(struct.pack(">HL", k, v) for k, v in pairs))
+        self.send(http2.SETTINGS, 0, 0, b"".join(struct.pack(">HL", k, v) for k, v in pairs))
 
     def headers(self, stream_id: int, fields: list[tuple[str, str]], *, end_stream: bool = False) -> None:
-        flags = wire.END_HEADERS | (wire.END_STREAM if end_stream else 0)
-        self.send(wire.HEADERS, flags, stream_id, self.encoder.encode(fields))
+        flags = http2.END_HEADERS | (http2.END_STREAM if end_stream else 0)
+        self.send(http2.HEADERS, flags, stream_id, self.encoder.encode(fields))
 
     def message(self, stream_id: int, message: bytes) -> None:
-        self.send(wire.DATA, 0, stream_id, b"\x00" + len(message).to_bytes(4, "big") + message)
+        self.send(http2.DATA, 0, stream_id, b"\x00" + len(message).to_bytes(4, "big") + message)
 
     async def frame(self) -> tuple[int, int, int, bytes]:
         """The client's next frame (a header block's fields decoded, to keep HPACK in step)."""
         hi, lo, kind, flags, stream_id = FRAME.unpack(await self.reader.readexactly(9))
         payload = await self.reader.readexactly((hi << 8) | lo)
-        if kind == wire.HEADERS:
+        if kind == http2.HEADERS:
             self.decoder.decode(payload)
         frame = (kind, flags, stream_id, payload)
         self.seen.append(frame)
@@ -364,7 +411,7 @@ class RawServer:
         """The next connection, its SETTINGS exchanged (`settings` are the server's)."""
         peer = await self.peers.get()
         peer.settings(*settings)
-        await peer.until(wire.SETTINGS)
+        await peer.until(http2.SETTINGS)
         return peer
 
 
@@ -391,11 +438,11 @@ async def test_an_answer_that_ends_while_the_request_waits_for_window_ends_the_c
     async with RawServer() as server:
         channel = wire.Channel(server.target)
         try:
-            peer = await settled(channel, server, (wire.SETTINGS_INITIAL_WINDOW_SIZE, 1000))
+            peer = await settled(channel, server, (http2.SETTINGS_INITIAL_WINDOW_SIZE, 1000))
             opening = asyncio.ensure_future(channel.stream(PATH, b"r" * 5000))
-            await peer.until(wire.DATA, 1)
+            await peer.until(http2.DATA, 1)
             peer.headers(1, GRPC_OK + grpc_status(8, "request too large"), end_stream=True)
-            peer.send(wire.RST_STREAM, 0, 1, struct.pack(">L", wire.NO_ERROR))
+            peer.send(http2.RST_STREAM, 0, 1, struct.pack(">L", http2.NO_ERROR))
             with pytest.raises(EngineError) as failed:  # from the start of the call or its first read
                 call = await hang_guard(opening)
                 await call.read()
@@ -408,12 +455,12 @@ async def test_a_reset_while_the_request_waits_for_connection_window_fails_the_c
     async with RawServer() as server:
         channel = wire.Channel(server.target)
         try:
-            peer = await settled(channel, server, (wire.SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20))
+            peer = await settled(channel, server, (http2.SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20))
             opening = asyncio.ensure_future(channel.stream(PATH, b"r" * 100_000))
             received = 0
             while received < 65_535:  # the connection's default window, never given back
-                received += len((await peer.until(wire.DATA, 1))[3])
-            peer.send(wire.RST_STREAM, 0, 1, struct.pack(">L", 0x2))  # INTERNAL_ERROR
+                received += len((await peer.until(http2.DATA, 1))[3])
+            peer.send(http2.RST_STREAM, 0, 1, struct.pack(">L", 0x2))  # INTERNAL_ERROR
             with pytest.raises(EngineError) as failed:
                 await hang_guard(opening)
             assert failed.value.code == "INTERNAL"
@@ -421,161 +468,20 @@ async def test_a_reset_while_the_request_waits_for_connection_window_fails_the_c
             channel.close()
 
 
-async def test_a_reset_from_the_engine_is_not_answered_with_a_reset() -> None:
+async def test_a_protocol_error_from_the_engine_sends_goaway_closes_the_socket_and_fails_the_call() -> None:
     async with RawServer() as server:
         channel = wire.Channel(server.target)
         try:
             peer = await settled(channel, server)
             call = await channel.stream(PATH, b"go")
             peer.headers(1, GRPC_OK)
-            peer.message(1, b"one")
-            peer.send(wire.RST_STREAM, 0, 1, struct.pack(">L", wire.CANCEL))
-            peer.send(wire.PING, 0, 0, b"12345678")
-            await peer.until(wire.PING)  # the client has handled the reset by its answer to this
-            assert await call.read() == b"one"
-            with pytest.raises(EngineError) as failed:
-                await call.read()
-            assert failed.value.code == "CANCELLED"
-            assert wire.RST_STREAM not in peer.kinds(1)
-        finally:
-            channel.close()
-
-
-@pytest.mark.parametrize(
-    "frames, code",
-    [
-        pytest.param(
-            [(wire.WINDOW_UPDATE, 0, struct.pack(">L", (1 << 31) - 1))], wire.FLOW_CONTROL_ERROR, id="overflow"
-        ),
-        pytest.param([(wire.WINDOW_UPDATE, 0, struct.pack(">L", 0))], wire.PROTOCOL_ERROR, id="zero increment"),
-        pytest.param(
-            [
-                # the stream's window (65,535 less the 7 bytes of the request) at the top
-                (wire.WINDOW_UPDATE, 1, struct.pack(">L", (1 << 31) - 1 - (65_535 - 7))),
-                (wire.SETTINGS, 0, struct.pack(">HL", wire.SETTINGS_INITIAL_WINDOW_SIZE, 65_536)),  # and one past
-            ],
-            wire.FLOW_CONTROL_ERROR,
-            id="initial window change past the top",
-        ),
-        pytest.param([(wire.PING, 0, b"short")], 0x6, id="ping of the wrong size"),
-    ],
-)
-async def test_a_connection_flow_control_or_frame_error_from_the_engine_ends_the_connection(
-    frames: list[tuple[int, int, bytes]], code: int
-) -> None:
-    async with RawServer() as server:
-        channel = wire.Channel(server.target)
-        try:
-            peer = await settled(channel, server)
-            call = await channel.stream(PATH, b"go")
-            peer.headers(1, GRPC_OK)
-            for kind, stream_id, payload in frames:
-                peer.send(kind, 0, stream_id, payload)
-            goaway = await hang_guard(peer.until(wire.GOAWAY, 0))
-            assert struct.unpack(">L", goaway[3][4:8])[0] == code
+            peer.send(http2.PING, 0, 0, b"short")
+            goaway = await hang_guard(peer.until(http2.GOAWAY, 0))
+            assert struct.unpack(">L", goaway[3][4:8])[0] == http2.FRAME_SIZE_ERROR
+            assert await hang_guard(peer.closed())
             with pytest.raises(EngineError) as failed:
                 await call.read()
             assert failed.value.code == "UNAVAILABLE"
-        finally:
-            channel.close()
-
-
-@pytest.mark.parametrize(
-    "frames, code, status",
-    [
-        pytest.param([(wire.WINDOW_UPDATE, struct.pack(">L", (1 << 31) - 1))], 0x3, "INTERNAL", id="overflow"),
-        pytest.param([(wire.WINDOW_UPDATE, struct.pack(">L", 0))], 0x1, "INTERNAL", id="zero increment"),
-        pytest.param(
-            # unread messages, well past what the window and the credit given back allow
-            [(wire.DATA, b"\x00" + (16_379).to_bytes(4, "big") + bytes(16_379))] * (2 * wire.STREAM_WINDOW // 16_384),
-            0x3,
-            "INTERNAL",
-            id="data past window",
-        ),
-    ],
-)
-async def test_a_stream_flow_control_error_from_the_engine_resets_only_that_stream(
-    frames: list[tuple[int, bytes]], code: int, status: str
-) -> None:
-    async with RawServer() as server:
-        channel = wire.Channel(server.target)
-        try:
-            peer = await settled(channel, server)
-            peer.send(wire.SETTINGS, wire.ACK, 0)  # the client's 4 MiB stream window is in force
-            call = await channel.stream(PATH, b"go")
-            peer.headers(1, GRPC_OK)
-            for kind, payload in frames:
-                peer.send(kind, 0, 1, payload)
-            reset = await hang_guard(peer.until(wire.RST_STREAM, 1))
-            assert struct.unpack(">L", reset[3])[0] == code
-            with pytest.raises(EngineError) as failed:
-                while await call.read() is not None:
-                    pass
-            assert failed.value.code == status
-            peer.send(wire.PING, 0, 0, b"still up")
-            assert (await peer.until(wire.PING))[3] == b"still up"
-        finally:
-            channel.close()
-
-
-@pytest.mark.parametrize(
-    "setting, code",
-    [
-        pytest.param((wire.SETTINGS_MAX_FRAME_SIZE, 16_383), wire.PROTOCOL_ERROR, id="frame size too small"),
-        pytest.param((wire.SETTINGS_MAX_FRAME_SIZE, 1 << 24), wire.PROTOCOL_ERROR, id="frame size too large"),
-        pytest.param((wire.SETTINGS_ENABLE_PUSH, 1), wire.PROTOCOL_ERROR, id="push from a server"),
-        pytest.param((wire.SETTINGS_INITIAL_WINDOW_SIZE, 1 << 31), wire.FLOW_CONTROL_ERROR, id="window too large"),
-    ],
-)
-async def test_settings_out_of_range_are_a_connection_error(setting: tuple[int, int], code: int) -> None:
-    async with RawServer() as server:
-        channel = wire.Channel(server.target)
-        try:
-            connecting = asyncio.ensure_future(channel.stream(PATH, b"go"))
-            peer = await server.peer(setting)
-            goaway = await hang_guard(peer.until(wire.GOAWAY, 0))
-            assert struct.unpack(">L", goaway[3][4:8])[0] == code
-            with pytest.raises(EngineError) as failed:
-                await connecting
-            assert failed.value.code == "UNAVAILABLE"
-        finally:
-            channel.close()
-
-
-async def test_a_frame_larger_than_this_side_allows_is_a_connection_error_not_buffered() -> None:
-    async with RawServer() as server:
-        channel = wire.Channel(server.target)
-        try:
-            peer = await settled(channel, server)
-            call = await channel.stream(PATH, b"go")
-            peer.headers(1, GRPC_OK)
-            length = (1 << 20) + 1  # past the 1 MiB SETTINGS_MAX_FRAME_SIZE the client announced
-            peer.writer.write(FRAME.pack(length >> 8, length & 0xFF, wire.DATA, 0, 1) + bytes(100))
-            goaway = await hang_guard(peer.until(wire.GOAWAY, 0))
-            assert struct.unpack(">L", goaway[3][4:8])[0] == 0x6  # FRAME_SIZE_ERROR
-            with pytest.raises(EngineError) as failed:
-                await call.read()
-            assert failed.value.code == "UNAVAILABLE"
-        finally:
-            channel.close()
-
-
-async def test_trailers_past_the_header_list_limit_fail_only_their_stream() -> None:
-    async def long_error(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        if request == b"long":
-            await context.abort(grpc.StatusCode.INTERNAL, "e" * 100_000)
-        yield b"fine"
-
-    async with Server(long_error) as server:
-        channel = wire.Channel(server.target)
-        try:
-            other = await channel.stream(PATH, b"other")
-            with pytest.raises(EngineError) as failed:
-                await collect(channel, b"long")
-            assert failed.value.code == "RESOURCE_EXHAUSTED"
-            assert await other.read() == b"fine"  # the connection, its HPACK state in step, serves on
-            assert await other.read() is None
-            assert await collect(channel, b"again") == [b"fine"]
         finally:
             channel.close()
 
@@ -584,14 +490,14 @@ async def test_a_caller_cancelled_while_its_request_waits_for_window_resets_the_
     async with RawServer() as server:
         channel = wire.Channel(server.target)
         try:
-            peer = await settled(channel, server, (wire.SETTINGS_INITIAL_WINDOW_SIZE, 1000))
+            peer = await settled(channel, server, (http2.SETTINGS_INITIAL_WINDOW_SIZE, 1000))
             opening = asyncio.ensure_future(channel.stream(PATH, b"r" * 5000))
-            await peer.until(wire.DATA, 1)
+            await peer.until(http2.DATA, 1)
             opening.cancel()
-            reset = await hang_guard(peer.until(wire.RST_STREAM, 1))
-            assert struct.unpack(">L", reset[3])[0] == wire.CANCEL
+            reset = await hang_guard(peer.until(http2.RST_STREAM, 1))
+            assert struct.unpack(">L", reset[3])[0] == http2.CANCEL
             assert opening.cancelled()
-            assert not (await channel.connection()).streams
+            assert not (await channel.connection()).protocol.streams
         finally:
             channel.close()
 
@@ -625,7 +531,7 @@ async def test_a_connection_out_of_stream_ids_sends_the_next_call_on_a_new_one()
         channel = wire.Channel(server.target)
         try:
             old = await channel.connection()
-            old.next_id = (1 << 31) - 1  # the last stream id a client may use
+            old.protocol.next_id = (1 << 31) - 1  # the last stream id a client may use
             assert (await collect(channel, b"{}"))[0] == b"2"
             assert (await collect(channel, b"{}"))[0] == b"2"
             assert await channel.connection() is not old
@@ -638,7 +544,7 @@ async def test_a_goaway_on_an_idle_connection_closes_it() -> None:
         channel = wire.Channel(server.target)
         try:
             peer = await settled(channel, server)
-            peer.send(wire.GOAWAY, 0, 0, struct.pack(">LL", 0, wire.NO_ERROR))
+            peer.send(http2.GOAWAY, 0, 0, struct.pack(">LL", 0, http2.NO_ERROR))
             assert await hang_guard(peer.closed())
         finally:
             channel.close()

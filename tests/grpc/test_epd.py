@@ -185,6 +185,7 @@ def test_images_are_encoded_then_prefill_gets_their_rooms_and_decode_answers(fre
     events = wait_for_events(fresh.journal, reply.headers["x-request-id"])
     routed = [e.worker for e in events if isinstance(e, Routed)]
     assert routed == [fresh.url("encode"), fresh.url("encode"), fresh.url("prefill"), fresh.url("decode")]
+    assert {e.backend for e in events if isinstance(e, Routed)} == {"grpc-epd"}  # the pool's one name
     parts = [(e.part, e.worker, e.status) for e in events if isinstance(e, Upstream)]
     assert parts == [
         ("prefill:encode", fresh.url("encode"), 200),

@@ -218,6 +218,9 @@ def test_count_tokens_and_max_tokens_zero_are_answered_by_the_gateway(pd: Deploy
     assert empty.status_code == 200, empty.text
     assert empty.json()["content"] == [] and empty.json()["usage"]["input_tokens"] == counted.json()["input_tokens"]
     assert pd.controls["prefill"].received() == [] and pd.controls["decode"].received() == []
+    for reply in (counted, empty):  # journaled under the pool's one name, as its generations are
+        routed = [e for e in wait_for_events(pd.journal, reply.headers["x-request-id"]) if isinstance(e, Routed)]
+        assert [e.backend for e in routed] == ["grpc-pd"]
 
 
 def test_the_pair_window_is_the_smaller_of_the_legs(pd: Deployment) -> None:

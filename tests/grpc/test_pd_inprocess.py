@@ -35,7 +35,7 @@ def _pd_gateway(
         book.add(url, playback)
     settings = config(journal_path=tmp_path / "journal.db", router=router)
     grpc = connector(settings, book, TokenizerRegistry(bundle_dir=str(tmp_path / "bundles")))
-    connectors: dict[str, Connector] = {"pd-grpc": GrpcPdConnector(grpc)}
+    connectors: dict[str, Connector] = {"grpc-pd": GrpcPdConnector(grpc)}
     if router.igw:
         connectors["grpc"] = grpc
     return InProcessGateway(
@@ -103,6 +103,6 @@ async def test_readiness_needs_a_healthy_worker_in_each_role(tmp_path: Path) -> 
         await _eventually(lambda: readiness(200))
         engines[PREFILL].healthy = False
         await _eventually(lambda: readiness(503))
-        assert "pd-grpc workers not ready" in (await gw.client.get("/readiness")).json()["reason"]
+        assert "grpc-pd workers not ready" in (await gw.client.get("/readiness")).json()["reason"]
         engines[PREFILL].healthy = True
         await _eventually(lambda: readiness(200))

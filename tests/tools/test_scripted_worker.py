@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import uuid
@@ -192,6 +193,39 @@ def test_scripted_answers_in_fifo_order(client: httpx.Client) -> None:
     assert client.post("/v1/messages", json=_request("x")).json()["content"][0]["text"] == "echo: x"
 
 
+def test_answers_keyed_on_the_body_fit_whatever_the_arrival_order(client: httpx.Client) -> None:
+    _script(
+        client,
+        {"when_body_contains": "[beta]", "status": 503, "body": "beta is down"},
+        {"when_body_contains": "[alpha]", "json": {"answer": "alpha"}, "repeat": True},
+        {"json": {"answer": "anyone"}},
+    )
+    assert client.post("/v1/messages", json=_request("[beta] hi")).status_code == 503
+    for _ in range(2):  # `repeat` keeps it queued; the unkeyed answer is left for another request
+        assert client.post("/v1/messages", json=_request("[alpha] hi")).json() == {"answer": "alpha"}
+    assert client.post("/v1/messages", json=_request("[beta] again")).json() == {"answer": "anyone"}
+    echoed = client.post("/v1/messages", json=_request("[beta] once more")).json()
+    assert echoed["content"][0]["text"] == "echo: [beta] once more"
+    assert client.get("/_script").json() == {"pending": {"/v1/messages": 1}}
+
+
+def test_in_flight_counts_the_requests_answered_at_once(client: httpx.Client, worker: Spawned) -> None:
+    _script(client, {"delay_ms": 300, "json": {"a": 1}, "when_body_contains": "[slow]", "repeat": True})
+    assert client.get("/_in_flight").json() == {"in_flight": 0, "max": 0}
+
+    async def three() -> None:
+        async with httpx.AsyncClient(base_url=worker.url, timeout=10.0) as http:
+            await asyncio.gather(*(http.post("/v1/messages", json=_request("[slow]")) for _ in range(3)))
+
+    asyncio.run(three())
+    counts = client.get("/_in_flight").json()
+    assert counts["in_flight"] == 0 and 1 <= counts["max"] <= 3
+    arrivals = sorted(r["in_flight"] for r in client.get("/_received").json()["requests"])
+    assert arrivals[-1] == counts["max"]
+    client.post("/_reset").raise_for_status()
+    assert client.get("/_in_flight").json() == {"in_flight": 0, "max": 0}
+
+
 def test_queues_are_per_path(client: httpx.Client) -> None:
     _script(client, {"json": {"input_tokens": 99}}, path="/v1/messages/count_tokens")
     assert client.post("/v1/messages", json=_request("a")).json()["content"][0]["text"] == "echo: a"
@@ -339,6 +373,9 @@ def test_models_anthropic_shape() -> None:
         b'{"answers": [{"json": {}, "drop_after": 1}]}',
         b'{"answers": [{"delay_ms": -1}]}',
         b'{"answers": [{"json": {}}, {"drop": "yes"}]}',
+        b'{"answers": [{"when_body_contains": ""}]}',
+        b'{"answers": [{"when_body_contains": 3}]}',
+        b'{"answers": [{"repeat": 1}]}',
     ],
 )
 def test_malformed_script_is_400(client: httpx.Client, body: bytes) -> None:

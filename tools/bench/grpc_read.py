@@ -12,25 +12,31 @@ streams at a time of `tokens` one-token chunks each, built with the gateway's ow
   GIL), messages handed to the loop in batches: one wake-up for what arrived while it was busy
 - `wire`: `smg.backends.grpc.wire`, HTTP/2 on asyncio with no gRPC library (what
   `EngineClient.generate` uses); each message parsed into its protobuf class, as the others are
+- `h2`: the same reader with the `h2` library's sans-IO state machine doing the HTTP/2 part
+  (`tools.bench.h2_read`; needs `pip install h2`, which the gateway does not depend on); the
+  table ends with its CPU per message over `wire`'s, per loop
 
-Run: ``python -m tools.bench.grpc_read [--tokens N] [--requests N] [--concurrency N]``.
+Run: ``python -m tools.bench.grpc_read [--tokens N] [--requests N] [--concurrency N] [--reads wire,h2]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import subprocess
 import sys
 import time
 from typing import Any
 
+from tools.bench.common import csv_list
 from tools.bench.grpc import MODEL, QWEN3, WINDOW, answer_ids
 from tools.engine_control import EngineControl
 from tools.spawn import spawn_engine
 
-VARIANTS = [(loop, read) for loop in ("asyncio", "uvloop") for read in ("iter", "read", "thread", "wire")]
+READS = ("iter", "read", "thread", "wire", "h2")
+LOOPS = ("asyncio", "uvloop")
 
 
 async def _client(url: str, read: str, tokens: int, requests: int, concurrency: int) -> dict[str, Any]:
@@ -44,13 +50,17 @@ async def _client(url: str, read: str, tokens: int, requests: int, concurrency: 
     prompt = answer_ids(32)
     messages = 0
 
-    channel = wire.Channel(client.target)
+    channel: Any = wire.Channel(client.target)
+    if read == "h2":
+        from tools.bench import h2_read
+
+        channel = h2_read.Channel(client.target)
     path, parse = wire.method_path(client.pb, "Generate")
 
     async def one(i: int) -> None:
         nonlocal messages
         request = client.generate_request(GenerateCall(request_id=f"r{i}", input_ids=prompt, max_tokens=tokens))
-        if read == "wire":
+        if read in ("wire", "h2"):
             stream = await channel.stream(path, request.SerializeToString())
             while (data := await stream.read()) is not None:
                 parse(data)
@@ -160,17 +170,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reads", type=csv_list, default=list(READS), help=f"of {','.join(READS)}")
+    parser.add_argument("--loops", type=csv_list, default=list(LOOPS), help=f"of {','.join(LOOPS)}")
     args = parser.parse_args(argv)
+    if "h2" in args.reads and importlib.util.find_spec("h2") is None:
+        print("no h2 installed (pip install h2): its variant is left out", file=sys.stderr)
+        args.reads.remove("h2")
+    variants = [(loop, read) for loop in args.loops for read in args.reads]
     engine = spawn_engine("sglang", QWEN3, ["--served-model-name", MODEL, "--max-context-length", str(WINDOW)])
     try:
         with EngineControl(engine.url) as control:
             control.script(default={"token_ids": answer_ids(args.tokens), "eos": False, "chunk_size": 1})
-            results: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            results: dict[tuple[str, str], list[dict[str, Any]]] = {v: [] for v in variants}
             for _ in range(args.reps):
-                for loop, read in VARIANTS:
+                for loop, read in variants:
                     out = subprocess.run(
-                        [sys.executable, "-m", "tools.bench.grpc_read", "--child", engine.url, loop, read,
-                         str(args.tokens), str(args.requests), str(args.concurrency)],  # fmt: skip
+                        [
+                            sys.executable,
+                            "-m",
+                            "tools.bench.grpc_read",
+                            "--child",
+                            engine.url,
+                            loop,
+                            read,
+                            str(args.tokens),
+                            str(args.requests),
+                            str(args.concurrency),
+                        ],  # fmt: skip
                         capture_output=True,
                         check=True,
                         text=True,
@@ -183,10 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.requests} streams of {args.tokens} one-token chunks, {args.concurrency} at a time", end="")
     print(f"; median of {args.reps}")
     print(f"{'loop':8} {'read':5} {'CPU us/msg':>11} {'msg/s':>9}")
+    medians: dict[tuple[str, str], float] = {}
     for (loop, read), runs in results.items():
-        us = sorted(r["us_per_message"] for r in runs)[len(runs) // 2]
+        us = medians[(loop, read)] = sorted(r["us_per_message"] for r in runs)[len(runs) // 2]
         rate = sorted(r["messages_per_s"] for r in runs)[len(runs) // 2]
         print(f"{loop:8} {read:5} {us:11.2f} {rate:9,}")
+    for loop in args.loops:
+        if (loop, "wire") in medians and (loop, "h2") in medians:
+            ratio = medians[(loop, "h2")] / medians[(loop, "wire")]
+            print(f"{loop:8} h2/wire CPU per message: {ratio:.2f}x ({(ratio - 1) * 100:+.0f}%)")
     return 0
 
 

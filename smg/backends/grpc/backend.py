@@ -277,12 +277,14 @@ class EngineConnector:
         generate: GenerateStrategy,
         *,
         multimodal: bool = False,
+        backend: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """The request up to its first engine call: refusals, the rendered prompt, count_tokens
         and `max_tokens: 0` answered here; a generation is handed to `generate` (this
         connector's own attempt loop, or a disaggregated deployment's). `multimodal`: the
         deployment serves images (EPD), so a generation's images are fetched and preprocessed
-        here and its prompt's placeholders expanded."""
+        here and its prompt's placeholders expanded. `backend`: the name of the connector
+        serving the request (a disaggregated deployment's), journaled when the gateway answers."""
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
         tokenizer = await self._tokenizer(call.model, pool)
@@ -311,7 +313,7 @@ class EngineConnector:
 
         if call.endpoint == "count_tokens":
             # Answered by the gateway itself: no worker takes part.
-            yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
+            yield Routed(backend=backend or self.name, worker=None, model=call.model, policy=None)
             yield Rendered(prompt_tokens=len(prompt.ids), prompt_digest=prompt.digest, tokenizer=source)
             yield Counted(input_tokens=len(prompt.ids))
             return
@@ -320,7 +322,7 @@ class EngineConnector:
         if not generating:
             if windows and len(prompt.ids) > min(windows):
                 raise context_exceeded(min(windows), len(prompt.ids))
-            yield Routed(backend=self.name, worker=None, model=call.model, policy=None)
+            yield Routed(backend=backend or self.name, worker=None, model=call.model, policy=None)
             settings = GenerationSettings(message_id=message_id, model=call.model, stream=call.stream)
             yield Rendered(
                 prompt_tokens=len(prompt.ids),
@@ -525,7 +527,3 @@ class EngineConnector:
         task = asyncio.get_running_loop().create_task(abort(), name=f"smg-abort-{request_id}")
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
-
-
-# The name the gRPC path has always had.
-GrpcConnector = EngineConnector

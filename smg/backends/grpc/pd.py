@@ -1,6 +1,6 @@
 """gRPC prefill/decode deployments: one generation served by a pair of engines, and EPD pools.
 
-Everything up to the first engine call is the gRPC connector's (`GrpcConnector.serve`): the
+Everything up to the first engine call is the gRPC connector's (`EngineConnector.serve`): the
 refusals, the rendered prompt, count_tokens and `max_tokens: 0` answered by the gateway (the
 prompt checked against the smallest window of the pool). Each attempt is a pair chosen by the
 router (`PairLease`); the prompt must fit both legs' context windows, and both legs speak the
@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 from journal.events import Event, Upstream
 from smg.backends.base import Attempts, Call, Discovery, Failure, Lease, PairLease, Target
-from smg.backends.grpc.backend import GrpcConnector, Prepared, error_event
+from smg.backends.grpc.backend import EngineConnector, Prepared, error_event
 from smg.backends.grpc.discovery import EngineWorker
 from smg.backends.grpc.engines.tokenspeed import TokenSpeedClient
 from smg.backends.grpc.request import engine_failure, public_detail
@@ -234,10 +234,11 @@ def _prefill_record(prefill: Target, call: GenerateCall, done: EngineDone | None
 class GrpcPdConnector:
     """Prefill/decode pairs of gRPC engines (SGLang, TokenSpeed, vLLM), and EPD pools."""
 
-    name = "grpc-pd"
     generates = True
 
-    def __init__(self, grpc: GrpcConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
+    def __init__(self, grpc: EngineConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
+        # The journal's backend name, the pool's (`smg.routing.pools`): `grpc-pd`, `grpc-epd`.
+        self.name = "grpc-epd" if "encode" in roles else "grpc-pd"
         self._grpc = grpc
         self._roles = roles  # the roles that must each have a healthy worker (EPD: encode too)
         self._kv_connectors: dict[str, KvConnector] = {}
@@ -276,7 +277,8 @@ class GrpcPdConnector:
     # requests
 
     def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
-        return self._grpc.serve(call, pool, attempts, self._generate, multimodal="encode" in self._roles)
+        multimodal = "encode" in self._roles
+        return self._grpc.serve(call, pool, attempts, self._generate, multimodal=multimodal, backend=self.name)
 
     async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
         grpc = self._grpc
