@@ -297,7 +297,11 @@ class Router:
         await self._discover(worker)
 
     def spawn_discovery(self, worker: Worker) -> None:
-        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        task = self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        # In flight from now, not from the task's first step: a request that comes before the
+        # loop has run the task (the next one on the connection that added the worker) waits too.
+        self._discovering[worker.id] = task
+        task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
 
     async def delete_worker(self, worker_id: str) -> Worker | None:
         """`DELETE /workers/{id}`: out of the fleet's registry first (raises `SharedStateDown`
@@ -322,10 +326,11 @@ class Router:
         for policy in self._policies.values():
             policy.forget(worker.id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # what the gateway serves
 
