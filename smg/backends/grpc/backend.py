@@ -166,6 +166,11 @@ class EngineConnector:
 
     async def _engine(self, target: Target) -> EngineWorker:
         engine = self._engines.get(target.id)
+        if engine is None and target.dp_rank is not None:
+            # The ranks of one engine (`url@rank`) share its client and what it said of itself.
+            engine = next((e for e in self._engines.values() if e.url == target.url), None)
+            if engine is not None:
+                self._engines[target.id] = engine
         if engine is None:
             runtime, client = await self._clients(target)
             engine = self._engines.get(target.id)  # another task may have made it meanwhile
@@ -177,7 +182,7 @@ class EngineConnector:
 
     async def discover(self, target: Target) -> Discovery:
         engine = await self._engine(target)
-        found = await describe(engine)
+        found = await describe(engine, dp_aware=self._config.router.dp_aware)
         assert engine.info is not None
         engine.sampling_defaults = sampling_defaults(engine.info.default_sampling)
         await self._register_tokenizer(engine)
@@ -234,7 +239,7 @@ class EngineConnector:
 
     async def forget(self, target: Target) -> None:
         engine = self._engines.pop(target.id, None)
-        if engine is not None:
+        if engine is not None and all(e is not engine for e in self._engines.values()):
             await engine.client.close()
 
     async def load(self, target: Target) -> int | None:
@@ -247,7 +252,21 @@ class EngineConnector:
             if self._live_loads and exc.unavailable:
                 raise WorkerUnreachable(exc.message) from None
             return None
-        return None if loads is None else loads.running_requests + loads.waiting_requests
+        engine.loads = loads
+        if loads is None:
+            return None
+        rank = loads.rank(target.dp_rank)
+        return rank.requests if rank is not None else loads.running_requests + loads.waiting_requests
+
+    def kv_tokens(self, target: Target) -> int | None:
+        """The KV-cache tokens in use that the engine's last `GetLoads` gave the worker's rank
+        (its total for an unpinned worker); None when it did not say."""
+        engine = self._engines.get(target.id)
+        loads = engine.loads if engine is not None else None
+        if loads is None:
+            return None
+        rank = loads.rank(target.dp_rank)
+        return rank.used_tokens if rank is not None else loads.used_tokens
 
     def ready(self, targets: Sequence[Target]) -> bool:
         """Every healthy worker's model has its tokenizer (unless autoload is off, when a
@@ -379,9 +398,11 @@ class EngineConnector:
         if window is not None and len(prepared.prompt.ids) > window:
             raise context_exceeded(window, len(prepared.prompt.ids))
 
-    def engine_call(self, prepared: Prepared, engine: EngineWorker, request_id: str) -> GenerateCall:
-        """The engine call for one attempt on `engine`. Raises `ApiError` for what its runtime
-        cannot serve."""
+    def engine_call(
+        self, prepared: Prepared, engine: EngineWorker, request_id: str, dp_rank: int | None = None
+    ) -> GenerateCall:
+        """The engine call for one attempt on `engine` (`dp_rank`: the chosen worker's rank).
+        Raises `ApiError` for what its runtime cannot serve."""
         plan = prepared.plan
         if plan.constraint is not None and engine.runtime == "mlx":
             raise ApiError(
@@ -399,6 +420,7 @@ class EngineConnector:
             defaults=engine.sampling_defaults,
             stream=prepared.call.stream,
             constraint=plan.constraint,
+            dp_rank=dp_rank,
         )
         engine_call.images = list(prepared.images)
         engine_call.merge_chunks = not prepared.settings.stop_sequences
@@ -435,7 +457,7 @@ class EngineConnector:
             self.check_window(prepared, worker)
             message_id = prepared.message_id
             engine_request_id = message_id if lease.attempt == 1 else f"{message_id}-{lease.attempt}"
-            engine_call = self.engine_call(prepared, engine, engine_request_id)
+            engine_call = self.engine_call(prepared, engine, engine_request_id, worker.dp_rank)
             yield lease.routed
             events, attempt_state = self.begin(prepared, engine, engine_call)
             for event in events:

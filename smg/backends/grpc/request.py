@@ -3,8 +3,8 @@
 Owns the per-engine rules of the spec: which stop sequences the engine matches itself and
 which only the gateway matches (SGLang gets single-token stops as ids, never strings), the
 sampling values (the request's, else the worker's defaults, else the engine's neutral
-ones), the MLX refusals, and what the gRPC path cannot serve (`output_format`; images, but on
-an EPD deployment).
+ones), the data-parallel rank of a rank-pinned worker, the MLX refusals, and what the gRPC
+path cannot serve (`output_format`; images, but on an EPD deployment).
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def generate_call(
     defaults: dict[str, float],
     stream: bool,
     constraint: Constraint | None = None,
+    dp_rank: int | None = None,
 ) -> GenerateCall:
+    """The engine call for one attempt (`dp_rank`: the rank the chosen worker is pinned to)."""
     stops = list(request.stop_sequences or [])
 
     def pick(name: str) -> float | None:
@@ -123,6 +125,7 @@ def generate_call(
         stream=stream,
         constraint=constraint,
         require_reasoning=prompt.thinking is True,
+        dp_rank=dp_rank,
     )
 
 
