@@ -38,6 +38,7 @@ from smg.routing.policies import (
     routing_key,
     routing_text,
 )
+from smg.routing.policies.dp_rank import MinimumTokensPolicy, estimated_cost
 from smg.routing.registry import DuplicateWorker, WorkerRegistry
 from smg.routing.self_address import ListeningAddress
 from smg.routing.shared_registry import SharedWorkers, WorkerUrlTaken
@@ -148,6 +149,7 @@ class Router:
         self._connectors = dict(connectors)
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
+        self._ranks = MinimumTokensPolicy() if config.dp_minimum_tokens_scheduler else None
         self._tasks: set[asyncio.Task[None]] = set()
         self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
@@ -442,6 +444,7 @@ class Router:
             text=routing_text(call.request) if policy in _TEXT_POLICIES else "",
             routing_key=routing_key(call.headers, self.config.policies.routing_key_headers),
             affinity_key=affinity_key(call.headers) if policy == "consistent_hashing" else None,
+            cost=estimated_cost(routing_text(call.request)) if self._ranks is not None else 1,
         )
 
     def _dispatch(
@@ -466,6 +469,7 @@ class Router:
             on_idle=self._release,
             empty=empty,
             endpoint=call.endpoint,
+            ranks=self._ranks,
         )
 
     async def _await_discovery(self, model: str) -> None:

@@ -1,6 +1,7 @@
 """`--dp-aware` over gRPC, over loopback: scripted engines with several data-parallel ranks, a real
 gateway serving each rank as a worker (`url@rank`), every `Generate` the engines got read back
-for its `data_parallel_rank` — alone and as both legs of a prefill/decode pair."""
+for its `data_parallel_rank` — alone, as both legs of a prefill/decode pair, and with the rank
+policy (`--dp-minimum-tokens-scheduler`) choosing the rank."""
 
 from __future__ import annotations
 
@@ -137,3 +138,45 @@ def test_each_leg_of_a_pair_is_pinned_to_its_own_rank(runtime: str, tmp_path: Pa
             control.close()
         for leg in legs.values():
             leg.stop()
+
+
+def test_the_rank_policy_keeps_new_requests_off_the_rank_holding_a_long_prompt(tmp_path: Path) -> None:
+    engine = _engine("sglang", 2)
+    control = EngineControl(target_of(engine.url))
+    journal = tmp_path / "dp.db"
+    gateway: Spawned | None = None
+    try:
+        gateway = spawn_gateway(
+            [engine.url], journal=journal, extra=["--dp-aware", "--dp-minimum-tokens-scheduler", *ROUND_ROBIN]
+        )
+        url = gateway.url + "/v1/messages"
+
+        def ranks_reported() -> bool:
+            # Until both ranks' GetLoads are in, the pool policy's choice stands.
+            (routed,) = _routed(journal, httpx.post(url, json=BODY, timeout=30))
+            return "fewest KV tokens" in routed.reason
+
+        eventually(ranks_reported, "the gateway read both ranks' loads")
+        control.reset()
+        control.script({"text": "A long answer, held.", "hold_after": 1}, default={"text": "Hi."})
+        long_prompt = " ".join(["word"] * 300)
+        held = {**BODY, "stream": True, "messages": [{"role": "user", "content": long_prompt}]}
+        with httpx.stream("POST", url, json=held, timeout=30) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()
+            while "content_block_delta" not in next(lines):
+                pass  # the held stream has its first token: its rank holds the long prompt
+            (long_rank,) = _ranks_received(control)
+            replies = [_routed(journal, httpx.post(url, json=BODY, timeout=30)) for _ in range(4)]
+            control.release()
+            for _ in lines:
+                pass
+        others = _ranks_received(control)[1:]
+        # Round robin alone would put two of the four on the busy rank.
+        assert others == [1 - long_rank] * 4
+        assert all(f"dp rank {1 - long_rank}: fewest KV tokens" in routed.reason for (routed,) in replies)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        control.close()
+        engine.stop()
