@@ -31,14 +31,15 @@ from smg.routing.dispatch import Dispatch, PairDispatch, no_available_workers
 from smg.routing.health import HealthMonitor, discover
 from smg.routing.policies import (
     NEEDS_TEXT,
+    MinimumTokensPolicy,
     Policy,
     RouteContext,
     affinity_key,
+    estimated_cost,
     make_policy,
     routing_key,
     routing_text,
 )
-from smg.routing.policies.dp_rank import MinimumTokensPolicy, estimated_cost
 from smg.routing.registry import DuplicateWorker, WorkerRegistry
 from smg.routing.self_address import ListeningAddress
 from smg.routing.shared_registry import SharedWorkers, WorkerUrlTaken
@@ -149,9 +150,9 @@ class Router:
         self._connectors = dict(connectors)
         self._rng = rng or random.Random()
         self._policies: dict[str, Policy] = {}
-        self._ranks = MinimumTokensPolicy() if config.dp_minimum_tokens_scheduler else None
         self._tasks: set[asyncio.Task[None]] = set()
         self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
+        self._ranks = MinimumTokensPolicy() if config.dp_minimum_tokens_scheduler else None
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
         self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
