@@ -31,9 +31,11 @@ from smg.routing.dispatch import Dispatch, PairDispatch, no_available_workers
 from smg.routing.health import HealthMonitor, discover
 from smg.routing.policies import (
     NEEDS_TEXT,
+    MinimumTokensPolicy,
     Policy,
     RouteContext,
     affinity_key,
+    estimated_cost,
     make_policy,
     routing_key,
     routing_text,
@@ -136,6 +138,7 @@ class Router:
         self._policies: dict[tuple[PoolKey, str | None], Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
+        self._ranks = MinimumTokensPolicy() if config.dp_minimum_tokens_scheduler else None
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
         self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
@@ -432,6 +435,7 @@ class Router:
             text=routing_text(call.request) if policy in _TEXT_POLICIES else "",
             routing_key=routing_key(call.headers, self.config.policies.routing_key_headers),
             affinity_key=affinity_key(call.headers) if policy == "consistent_hashing" else None,
+            cost=estimated_cost(routing_text(call.request)) if self._ranks is not None else 1,
         )
 
     def _dispatch(
@@ -456,6 +460,7 @@ class Router:
             on_idle=self._release,
             empty=empty,
             endpoint=call.endpoint,
+            ranks=self._ranks,
         )
 
     async def _await_discovery(self, model: str) -> None:

@@ -90,6 +90,9 @@ class EngineConnector:
     async def load(self, target: Target) -> int | None:
         return await self.workers.load(target)
 
+    def kv_tokens(self, target: Target) -> int | None:
+        return self.workers.kv_tokens(target)
+
     def ready(self, targets: Sequence[Target]) -> bool:
         return self.workers.ready(targets)
 
@@ -112,7 +115,11 @@ class EngineConnector:
             message_id = taken.message_id
             request_id = message_id if lease.attempt == 1 else f"{message_id}-{lease.attempt}"
             attempt_call = engine_call(
-                taken, runtime=engine.runtime, defaults=engine.sampling_defaults, request_id=request_id
+                taken,
+                runtime=engine.runtime,
+                defaults=engine.sampling_defaults,
+                request_id=request_id,
+                dp_rank=worker.dp_rank,
             )
             yield lease.routed
             if session is None:

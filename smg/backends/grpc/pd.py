@@ -18,6 +18,11 @@ same runtime:
   after its `complete`, the decode leg carries the KV params the prefill returned (Mooncake:
   synthesized from the prefill worker's bootstrap address and engine id).
 
+Under `--dp-aware` each leg is a rank of its engine (`url@rank`) and carries its own rank as the
+engine's `data_parallel_rank`, as the reference's gRPC router sends it (no proto has a field for
+the prefill's rank on the decode leg; a Mooncake decode leg names the prefill core's engine id,
+`{id}_dp{rank}`).
+
 Both legs share one engine request id per dispatch, `<message id>-<uuid>`. A prefill leg that
 fails ends the request with `Prefill stream error: …` and the status its failure maps to; an
 unreachable leg lets the router try another pair. A decode leg dropped before its first answer
@@ -158,10 +163,19 @@ class KvConnector:
         return cls(name=str(name or ""), engine_id=str(engine_id or ""))
 
 
+def engine_id_of(connector: KvConnector, prefill: Target) -> str:
+    """The KV engine id of the core serving the prefill leg: with data parallelism each core
+    suffixes the configured id with its rank (`{id}_dp{rank}`), so a rank-pinned prefill names
+    its own core's."""
+    if prefill.dp_rank is None:
+        return connector.engine_id
+    return f"{connector.engine_id}_dp{prefill.dp_rank}"
+
+
 def vllm_legs(call: GenerateCall, connector: KvConnector, prefill: Target) -> tuple[GenerateCall, str | None]:
     """The vLLM prefill leg's call, and the decode leg's KV params when the gateway makes
     them itself (Mooncake; otherwise they are what the prefill returns)."""
-    leg = replace(call, max_tokens=1, stream=False)
+    leg = replace(call, max_tokens=1, stream=False, dp_rank=prefill.dp_rank)
     if connector.name == "NixlConnector":
         return replace(leg, kv_transfer_params=NIXL_PREFILL_PARAMS), None
     if connector.name == "MooncakeConnector" and connector.engine_id:
@@ -173,7 +187,7 @@ def vllm_legs(call: GenerateCall, connector: KvConnector, prefill: Target) -> tu
             "do_remote_decode": False,
             "do_remote_prefill": True,
             "transfer_id": transfer,
-            "remote_engine_id": connector.engine_id,
+            "remote_engine_id": engine_id_of(connector, prefill),
             "remote_bootstrap_addr": f"http://{host}:{port}",
         }
         return replace(leg, kv_transfer_params=json.dumps(prefill_params)), json.dumps(decode_params)
@@ -276,6 +290,9 @@ class GrpcPdConnector:
     async def load(self, target: Target) -> int | None:
         return await self._workers.load(target)
 
+    def kv_tokens(self, target: Target) -> int | None:
+        return self._workers.kv_tokens(target)
+
     def ready(self, targets: Sequence[Target]) -> bool:
         """Every role has a healthy worker, as the reference's readiness asks of a PD or EPD
         deployment, and their models have tokenizers."""
@@ -316,7 +333,11 @@ class GrpcPdConnector:
             request_id = f"{prepared.message_id}-{uuid.uuid4()}"
             # Sampling defaults are the decode worker's: it produces the visible tokens.
             decode_call = engine_call(
-                prepared, runtime=runtime, defaults=decode_engine.sampling_defaults, request_id=request_id
+                prepared,
+                runtime=runtime,
+                defaults=decode_engine.sampling_defaults,
+                request_id=request_id,
+                dp_rank=decode.dp_rank,
             )
             encoders: list[tuple[Lease, EngineWorker, EncodeBootstrap]] = []
             if prepared.images:
@@ -349,7 +370,9 @@ class GrpcPdConnector:
                 decode_call = replace(decode_call, send_pixels=False)
             if runtime in PARALLEL_RUNTIMES:
                 decode_call = replace(decode_call, bootstrap=bootstrap_for(prefill, runtime))
-                prefill_call = replace(decode_call, encode_bootstrap=[b for _, _, b in encoders])
+                prefill_call = replace(
+                    decode_call, encode_bootstrap=[b for _, _, b in encoders], dp_rank=prefill.dp_rank
+                )
             else:
                 connector = await self._kv_connector(prefill, prefill_engine)
                 prefill_call, decode_params = vllm_legs(decode_call, connector, prefill)

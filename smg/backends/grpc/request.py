@@ -3,9 +3,9 @@
 Owns the per-engine rules of the spec: which stop sequences the engine matches itself and
 which only the gateway matches (SGLang gets single-token stops as ids, never strings), the
 sampling values (the request's, else the worker's defaults, else the engine's neutral
-ones), the MLX refusals, and what the gRPC path cannot serve (`output_format`; images, but on
-an EPD deployment). `engine_call` is one attempt's call for a prepared generation
-(`smg.pipeline.prepare`).
+ones), the data-parallel rank of a rank-pinned worker, the MLX refusals, and what the gRPC
+path cannot serve (`output_format`; images, but on an EPD deployment). `engine_call` is one
+attempt's call for a prepared generation (`smg.pipeline.prepare`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def generate_call(
     defaults: dict[str, float],
     stream: bool,
     constraint: Constraint | None = None,
+    dp_rank: int | None = None,
 ) -> GenerateCall:
+    """The engine call for one attempt (`dp_rank`: the rank the chosen worker is pinned to)."""
     stops = list(request.stop_sequences or [])
 
     def pick(name: str) -> float | None:
@@ -113,12 +115,16 @@ def generate_call(
         stream=stream,
         constraint=constraint,
         require_reasoning=prompt.thinking is True,
+        dp_rank=dp_rank,
     )
 
 
-def engine_call(prepared: Prepared, *, runtime: str, defaults: dict[str, float], request_id: str) -> GenerateCall:
+def engine_call(
+    prepared: Prepared, *, runtime: str, defaults: dict[str, float], request_id: str, dp_rank: int | None = None
+) -> GenerateCall:
     """One attempt's engine call for a prepared generation, on an engine of `runtime` with its
-    worker's sampling defaults. Raises `ApiError` for what the runtime cannot serve."""
+    worker's sampling defaults (`dp_rank`: the chosen worker's data-parallel rank). Raises
+    `ApiError` for what the runtime cannot serve."""
     plan = prepared.plan
     if plan.constraint is not None and runtime == "mlx":
         raise ApiError(
@@ -136,6 +142,7 @@ def engine_call(prepared: Prepared, *, runtime: str, defaults: dict[str, float],
         defaults=defaults,
         stream=prepared.stream,
         constraint=plan.constraint,
+        dp_rank=dp_rank,
     )
     call.images = list(prepared.images)
     call.merge_chunks = not prepared.settings.stop_sequences

@@ -84,6 +84,9 @@ class GenerateCall:
     images: list[VisionItem] = field(default_factory=list)
     send_pixels: bool = True
     encode_bootstrap: list[EncodeBootstrap] = field(default_factory=list)  # the prefill leg's (EPD)
+    # `--dp-aware`: the data-parallel rank this leg is pinned to (the worker's `url@rank`), sent
+    # as SGLang's, vLLM's and TokenSpeed's `data_parallel_rank`; TRT-LLM and MLX have no field.
+    dp_rank: int | None = None
 
 
 
@@ -104,6 +107,15 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
+class RankLoad:
+    """One data-parallel rank's share of a `GetLoads` answer."""
+
+    dp_rank: int
+    requests: int  # running and waiting
+    used_tokens: int  # KV-cache tokens in use
+
+
+@dataclass(frozen=True)
 class EngineLoad:
     """What `GetLoads` says of an engine's work: counts and rates summed over its data-parallel
     ranks, KV-cache use averaged over them (what the reference gateway's load policies score)."""
@@ -118,6 +130,13 @@ class EngineLoad:
     max_total_tokens: int = 0  # KV-cache capacity in tokens, 0 when not reported
     max_running_requests: int = 0
     dp_ranks: int = 1
+    ranks: tuple[RankLoad, ...] = ()  # each rank's own counts, for workers pinned to a rank (--dp-aware)
+
+    def rank(self, dp_rank: int | None) -> RankLoad | None:
+        """The rank's own counts (None for an unpinned worker or a rank the answer leaves out)."""
+        if dp_rank is None:
+            return None
+        return next((r for r in self.ranks if r.dp_rank == dp_rank), None)
 
 
 class EngineClient(Protocol):

@@ -62,11 +62,17 @@ class EngineWorkers:
             task.cancel()
         await asyncio.gather(*self._autoloads.values(), return_exceptions=True)
         await self.tokenizers.close()
-        await asyncio.gather(*(e.client.close() for e in self._engines.values()), return_exceptions=True)
+        engines = {id(e): e for e in self._engines.values()}.values()  # the ranks of one engine share it
+        await asyncio.gather(*(e.client.close() for e in engines), return_exceptions=True)
 
     async def engine(self, target: Target) -> EngineWorker:
         """The worker's engine client (connected on first use, its runtime detected if unknown)."""
         engine = self._engines.get(target.id)
+        if engine is None and target.dp_rank is not None:
+            # The ranks of one engine (`url@rank`) share its client and what it said of itself.
+            engine = next((e for e in self._engines.values() if e.url == target.url), None)
+            if engine is not None:
+                self._engines[target.id] = engine
         if engine is None:
             runtime, client = await self._clients(target)
             engine = self._engines.get(target.id)  # another task may have made it meanwhile
@@ -78,7 +84,7 @@ class EngineWorkers:
 
     async def discover(self, target: Target) -> Discovery:
         engine = await self.engine(target)
-        found = await describe(engine)
+        found = await describe(engine, dp_aware=self._config.router.dp_aware)
         assert engine.info is not None
         engine.sampling_defaults = sampling_defaults(engine.info.default_sampling)
         await self._register_tokenizer(engine)
@@ -136,7 +142,7 @@ class EngineWorkers:
 
     async def forget(self, target: Target) -> None:
         engine = self._engines.pop(target.id, None)
-        if engine is not None:
+        if engine is not None and all(e is not engine for e in self._engines.values()):
             await engine.client.close()
 
     async def load(self, target: Target) -> int | None:
@@ -149,7 +155,21 @@ class EngineWorkers:
             if self._live_loads and exc.unavailable:
                 raise WorkerUnreachable(exc.message) from None
             return None
-        return None if loads is None else loads.running_requests + loads.waiting_requests
+        engine.loads = loads
+        if loads is None:
+            return None
+        rank = loads.rank(target.dp_rank)
+        return rank.requests if rank is not None else loads.running_requests + loads.waiting_requests
+
+    def kv_tokens(self, target: Target) -> int | None:
+        """The KV-cache tokens in use that the engine's last `GetLoads` gave the worker's rank
+        (its total for an unpinned worker); None when it did not say."""
+        engine = self._engines.get(target.id)
+        loads = engine.loads if engine is not None else None
+        if loads is None:
+            return None
+        rank = loads.rank(target.dp_rank)
+        return rank.used_tokens if rank is not None else loads.used_tokens
 
     def ready(self, targets: Sequence[Target]) -> bool:
         """Every healthy worker's model has its tokenizer (unless autoload is off, when a
