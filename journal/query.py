@@ -598,3 +598,65 @@ def _fts(node: _Node) -> tuple[str, bool] | None:
             expression = f"({expression}) NOT ({' OR '.join(negative)})"
         return expression, False
     return None
+
+
+# -- rollups --------------------------------------------------------------------------------
+
+# The fields whose columns key a rollup row (`journal.rollups.DIMENSIONS`), and `has:` values
+# over them alone.
+_ROLLUP_FIELDS = frozenset({"model", "backend", "worker", "tenant", "code", "type", "stop", "key", "status"})
+_ROLLUP_FLAGS = frozenset({"hung_up", "cut", "stream"})
+_ROLLUP_HAS = frozenset({"error", "hung_up", "cut"})
+
+
+@dataclass(frozen=True, slots=True)
+class RollupPlan:
+    """A query the rollups can answer: `where` (SQL over the rollup dimensions, which are named
+    as in `requests`, so it also selects summary rows) with `params`, within the arrival range
+    [`since`, `until`) (None: open)."""
+
+    where: str
+    params: list[Any]
+    since: float | None
+    until: float | None
+
+
+def rollup_plan(text: str, *, now: float | None = None) -> RollupPlan | None:
+    """`text` as a `RollupPlan`, or None when a part of it names something the rollups do not
+    keep (free text, an id, a user, a duration, a token count, …) or a time range other than
+    `since:`/`until:` terms of the top-level AND. Raises `QueryError` like `compile_query`."""
+    tree = parse(text)
+    compiler = _Compiler(time.time() if now is None else now, False, False)
+    if tree is None:
+        return RollupPlan("1", [], None, None)
+    items = tree.items if isinstance(tree, _Group) and tree.op == "AND" else (tree,)
+    since: float | None = None
+    until: float | None = None
+    rest: list[_Node] = []
+    for item in items:
+        if isinstance(item, _Term) and item.field in ("since", "until"):
+            moment = compiler.moment(item)
+            if item.field == "since":
+                since = moment if since is None else max(since, moment)
+            else:
+                until = moment if until is None else min(until, moment)
+        elif _in_rollups(item):
+            rest.append(item)
+        else:
+            return None
+    if not rest:
+        return RollupPlan("1", [], since, until)
+    where = compiler.node(rest[0] if len(rest) == 1 else _Group("AND", tuple(rest)))
+    return RollupPlan(where, compiler.params, since, until)
+
+
+def _in_rollups(node: _Node) -> bool:
+    if isinstance(node, _Group):
+        return all(_in_rollups(item) for item in node.items)
+    if isinstance(node, _Not):
+        return _in_rollups(node.item)
+    if isinstance(node, _Text):
+        return False
+    if node.field == "has":
+        return node.value.lower() in _ROLLUP_HAS
+    return node.field in _ROLLUP_FIELDS or node.field in _ROLLUP_FLAGS

@@ -89,6 +89,8 @@ class PgFollower:
 class PostgresReader:
     """Read-only access to the fleet journal at a `postgresql://` URL (see the module docstring)."""
 
+    stats_source = ""
+
     def __init__(self, url: str) -> None:
         self.url = url
         self._shown = shown(url)
@@ -277,8 +279,8 @@ class PostgresReader:
         totals = self._rows(
             f"SELECT count(*), COALESCE(sum(completed), 0), count(*) FILTER (WHERE {_FAILED}), min(ts), max(ts),"
             " COALESCE(sum(input_tokens), 0), COALESCE(sum(output_tokens), 0),"
-            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0)"
-            f" FROM requests WHERE {where}",
+            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0),"
+            f" COALESCE(sum(cost_usd), 0), count(cost_usd) FROM requests WHERE {where}",
             params,
         )[0]
         totals = tuple(float(v) if v is not None and not isinstance(v, int | float) else v for v in totals)
@@ -290,7 +292,8 @@ class PostgresReader:
             f" FROM requests WHERE {where}",
             params,
         )
-        return stats.summarize(totals, rows)
+        out = stats.summarize(totals, rows)
+        return {**out, "source": "scan", "scanned": out["requests"]}
 
     def group_stats(self, query: str = "", *, by: str | None = None, every: int | None = None) -> list[dict[str, Any]]:
         """`journal.groups.compute` of the requests `query` selects, read in PostgreSQL."""
@@ -299,13 +302,15 @@ class PostgresReader:
         where, params = self.compile(query)
         group = groups.GROUPS[by] if by is not None else "NULL"
         bucket = f"(floor(ts / {int(every)}) * {int(every)})::bigint" if every else "NULL"
-        return groups.aggregate(
+        out = groups.aggregate(
             self._rows(
-                f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens"
-                f" FROM requests WHERE {where}",
+                f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens,"
+                f" cost_usd FROM requests WHERE {where}",
                 params,
             )
         )
+        self.stats_source = f"scanned {sum(r['requests'] for r in out)} requests"
+        return out
 
     def thread_ids(self, thread_key: str, limit: int) -> list[str]:
         rows = self._rows(

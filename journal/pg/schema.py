@@ -35,7 +35,7 @@ INTEGER_COLUMNS = frozenset(
     | {"turns", *search.FLAGS}
 )
 """Summary columns that hold integers (the flags 0/1); every other is text, or `REAL_COLUMNS`."""
-REAL_COLUMNS = frozenset({"ts", "ttfe_ms", "duration_ms"})
+REAL_COLUMNS = frozenset({"ts", "ttfe_ms", "duration_ms", "cost_usd"})
 """Summary columns that hold `double precision`."""
 
 
