@@ -621,14 +621,17 @@ class RollupPlan:
     until: float | None
 
 
-def rollup_plan(text: str, *, now: float | None = None) -> RollupPlan | None:
+def rollup_plan(
+    text: str, *, now: float | None = None, compiler_type: type[_Compiler] | None = None
+) -> RollupPlan | None:
     """`text` as a `RollupPlan`, or None when a part of it names something the rollups do not
     keep (free text, an id, a user, a duration, a token count, …) or a time range other than
-    `since:`/`until:` terms of the top-level AND. Raises `QueryError` like `compile_query`."""
+    `since:`/`until:` terms of the top-level AND. `compiler_type`: the store's compiler (this
+    module's for SQLite, `journal.pg.query`'s). Raises `QueryError` like `compile_query`."""
     tree = parse(text)
-    compiler = _Compiler(time.time() if now is None else now, False, False)
+    compiler = (compiler_type or _Compiler)(time.time() if now is None else now, False, False)
     if tree is None:
-        return RollupPlan("1", [], None, None)
+        return RollupPlan("1 = 1", [], None, None)
     items = tree.items if isinstance(tree, _Group) and tree.op == "AND" else (tree,)
     since: float | None = None
     until: float | None = None
@@ -645,7 +648,7 @@ def rollup_plan(text: str, *, now: float | None = None) -> RollupPlan | None:
         else:
             return None
     if not rest:
-        return RollupPlan("1", [], since, until)
+        return RollupPlan("1 = 1", [], since, until)
     where = compiler.node(rest[0] if len(rest) == 1 else _Group("AND", tuple(rest)))
     return RollupPlan(where, compiler.params, since, until)
 

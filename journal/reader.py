@@ -129,7 +129,7 @@ class JournalReader:
         says which (`rollups` or `scan`) and `scanned` how many summary rows were read."""
         plan = self._plan(query)
         if plan is not None:
-            out, scanned = rollup_stats.stats(self._conn, plan)
+            out, scanned = rollup_stats.stats(rollup_stats.sqlite_run(self._conn), plan)
             return {**out, "source": "rollups", "scanned": scanned}
         where, params = self.compile(query)
         out = stats.compute(self._conn, where, params)
@@ -142,7 +142,7 @@ class JournalReader:
         if plan is not None:
             column = groups.GROUPS.get(by) if by is not None else None
             if by is None or column is not None:
-                answered = rollup_stats.groups(self._conn, plan, column=column, every=every)
+                answered = rollup_stats.groups(rollup_stats.sqlite_run(self._conn), plan, column=column, every=every)
                 if answered is not None:
                     rows, scanned = answered
                     self.stats_source = f"from rollups (and {scanned} requests read)" if scanned else "from rollups"
@@ -158,7 +158,7 @@ class JournalReader:
         if not self.rollups:
             return None
         plan = rollup_plan(query)
-        if plan is None or rollup_stats.counted(self._conn, plan) <= self.exact_up_to:
+        if plan is None or rollup_stats.counted(rollup_stats.sqlite_run(self._conn), plan) <= self.exact_up_to:
             return None
         return plan
 

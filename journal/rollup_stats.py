@@ -10,6 +10,10 @@ and cost sums, means and maxima are exact; percentiles are read from the sketche
 
 `EXACT_UP_TO`: a selection the rollups count at most this many requests of is scanned instead
 (`journal.stats`, exact nearest-rank percentiles), which at that size costs milliseconds.
+
+Both stores run the same reads (the fleet journal keeps the same rollups, `journal.pg.rollups`):
+a `Dialect` says how a store binds a parameter and buckets an arrival time, and `Run` runs a
+statement there.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +32,31 @@ from journal.stats import PERCENTILES, percentile_label, spend
 EXACT_UP_TO = 20_000
 """Selections of at most this many requests are scanned: exact, and as fast."""
 
-_FAILED = "(IFNULL(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)"
+_FAILED = "(COALESCE(status, 0) >= 400 OR error_type IS NOT NULL OR error_code IS NOT NULL)"
+_NULL = "CAST(NULL AS TEXT)"
+
+Run = Callable[[str, list[Any]], list[tuple[Any, ...]]]
+"""Runs a statement with its parameters in the store and returns its rows."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the stores' SQL here: the parameter placeholder, and the start of
+    the `every`-second bucket of a request's (real) arrival time."""
+
+    placeholder: str
+    bucket: Callable[[int], str]
+
+
+SQLITE = Dialect("?", lambda every: f"CAST(ts / {every} AS INTEGER) * {every}")
+POSTGRES = Dialect("%s", lambda every: f"(floor(ts / {every}) * {every})::bigint")
+
+
+def sqlite_run(conn: sqlite3.Connection) -> Run:
+    """`Run` on a SQLite connection."""
+    return lambda sql, params: conn.execute(sql, params).fetchall()
+
+
 _BREAKDOWN = ("status", "model", "backend", "error_code", "error_type", "stop_reason")
 _GROUPABLE = {"tenant", "key_fp", "model", "worker", "backend", "status", "stop_reason"}
 
@@ -41,8 +69,20 @@ class _Parts:
     scans: list[tuple[str, list[Any]]]
 
 
-def _parts(plan: RollupPlan) -> _Parts:
+def _parts(plan: RollupPlan, dialect: Dialect) -> _Parts:
     where, params = f"({plan.where})", list(plan.params)
+    mark = dialect.placeholder
+
+    def _range(lo: float | None, hi: float | None) -> tuple[str, list[Any]]:
+        sql, params = "", []
+        if lo is not None:
+            sql += f" AND ts IS NOT NULL AND ts >= {mark}"
+            params.append(lo)
+        if hi is not None:
+            sql += f" AND ts IS NOT NULL AND ts < {mark}"
+            params.append(hi)
+        return sql, params
+
     lo, hi = plan.since, plan.until
     whole_lo = math.ceil(lo / rollups.MINUTE) * rollups.MINUTE if lo is not None else None
     whole_hi = math.floor(hi / rollups.MINUTE) * rollups.MINUTE if hi is not None else None
@@ -61,24 +101,13 @@ def _parts(plan: RollupPlan) -> _Parts:
     return _Parts((f"{where}{whole_sql}", [*params, *whole_params]), scans)
 
 
-def _range(lo: float | None, hi: float | None) -> tuple[str, list[Any]]:
-    sql, params = "", []
-    if lo is not None:
-        sql += " AND ts IS NOT NULL AND ts >= ?"
-        params.append(lo)
-    if hi is not None:
-        sql += " AND ts IS NOT NULL AND ts < ?"
-        params.append(hi)
-    return sql, params
-
-
-def counted(conn: sqlite3.Connection, plan: RollupPlan) -> int:
+def counted(run: Run, plan: RollupPlan, dialect: Dialect = SQLITE) -> int:
     """How many completed requests the rollups hold in the whole minutes of `plan`'s range."""
-    part = _parts(plan).rollup
+    part = _parts(plan, dialect).rollup
     if part is None:
         return 0
-    row = conn.execute(f"SELECT total(requests) FROM {rollups.TABLE} WHERE {part[0]}", part[1]).fetchone()
-    return int(row[0])
+    rows = run(f"SELECT sum(requests) FROM {rollups.TABLE} WHERE {part[0]}", part[1])
+    return int(rows[0][0] or 0) if rows else 0
 
 
 @dataclass
@@ -113,12 +142,12 @@ class _Sketch:
         return out
 
 
-def _sketch_rows(conn: sqlite3.Connection, part: tuple[str, list[Any]], group: str, bucket: str) -> list[Any]:
-    return conn.execute(
+def _sketch_rows(run: Run, part: tuple[str, list[Any]], group: str, bucket: str) -> list[Any]:
+    return run(
         f"SELECT {group}, {bucket}, s.metric, s.bucket, sum(s.n) FROM {rollups.SKETCH_TABLE} AS s"
         f" JOIN {rollups.TABLE} AS r ON r.rid = s.rid WHERE {part[0]} GROUP BY 1, 2, 3, 4",
         part[1],
-    ).fetchall()
+    )
 
 
 _SCANNED = "status, model, backend, error_code, error_type, stop_reason, ts, completed, input_tokens,"
@@ -126,11 +155,11 @@ _SCANNED += " output_tokens, cost_usd, duration_ms, ttfe_ms, hung_up"
 
 
 def stats(
-    conn: sqlite3.Connection, plan: RollupPlan, percentiles: Sequence[float] = PERCENTILES
+    run: Run, plan: RollupPlan, dialect: Dialect = SQLITE, percentiles: Sequence[float] = PERCENTILES
 ) -> tuple[dict[str, Any], int]:
     """`journal.stats.compute`'s dict for `plan`, and how many requests were read from the
     summary table (the edges and those in flight)."""
-    parts = _parts(plan)
+    parts = _parts(plan, dialect)
     cells: Counter[tuple[Any, ...]] = Counter()
     sums = Counter[str]()
     first_ts: float | None = None
@@ -138,10 +167,10 @@ def stats(
     metrics = {name: _Sketch() for name in rollups.METRICS}
     if parts.rollup is not None:
         where, params = parts.rollup
-        for row in conn.execute(
-            f"SELECT {', '.join(_BREAKDOWN)}, total(requests), total(input_tokens), total(output_tokens),"
-            " total(cost_usd), total(priced), total(duration_n), total(duration_sum), total(ttfe_n), total(ttfe_sum),"
-            " total(rated), total(rated_output), total(rated_ms), min(first_ts), max(last_ts), max(duration_max),"
+        for row in run(
+            f"SELECT {', '.join(_BREAKDOWN)}, sum(requests), sum(input_tokens), sum(output_tokens),"
+            " sum(cost_usd), sum(priced), sum(duration_n), sum(duration_sum), sum(ttfe_n), sum(ttfe_sum),"
+            " sum(rated), sum(rated_output), sum(rated_ms), min(first_ts), max(last_ts), max(duration_max),"
             f" max(ttfe_max) FROM {rollups.TABLE} WHERE {where} GROUP BY {', '.join(_BREAKDOWN)}",
             params,
         ):
@@ -150,23 +179,23 @@ def stats(
                 continue
             cells[row[:6]] += n
             for name, v in zip(("input", "output", "cost", "priced"), row[7:11], strict=True):
-                sums[name] += v
+                sums[name] += float(v)
             metrics["duration"].add_sums(row[11], row[12], row[20])
             metrics["ttfe"].add_sums(row[13], row[14], row[21])
-            sums["rated"] += row[15]
-            sums["rated_output"] += row[16]
-            sums["rated_ms"] += row[17]
+            sums["rated"] += int(row[15])
+            sums["rated_output"] += int(row[16])
+            sums["rated_ms"] += float(row[17])
             first_ts = row[18] if first_ts is None or (row[18] is not None and row[18] < first_ts) else first_ts
             last_ts = row[19] if last_ts is None or (row[19] is not None and row[19] > last_ts) else last_ts
         names = {v: k for k, v in rollups.METRICS.items()}
-        for _, _, metric, b, n in _sketch_rows(conn, parts.rollup, "NULL", "NULL"):
-            counts = metrics[names[metric]].counts
-            counts[b] = counts.get(b, 0) + int(n)
+        for _, _, metric, b, n in _sketch_rows(run, parts.rollup, _NULL, _NULL):
+            counts = metrics[names[int(metric)]].counts
+            counts[int(b)] = counts.get(int(b), 0) + int(n)
     scanned = 0
     in_flight = 0
     rates: list[float] = []
     for where, params in parts.scans:
-        rows = conn.execute(f"SELECT {_SCANNED} FROM requests WHERE {where}", params).fetchall()
+        rows = run(f"SELECT {_SCANNED} FROM requests WHERE {where}", params)
         scanned += len(rows)
         for row in rows:
             status, model, backend, code, etype, stop, ts, completed, tin, tout, cost, dur, ttfe, _ = row
@@ -234,8 +263,9 @@ def stats(
 
 
 def groups(
-    conn: sqlite3.Connection,
+    run: Run,
     plan: RollupPlan,
+    dialect: Dialect = SQLITE,
     *,
     column: str | None,
     every: int | None,
@@ -246,9 +276,11 @@ def groups(
     rollups cannot group so (a column they do not keep, a bucket not a whole number of minutes)."""
     if (column is not None and column not in _GROUPABLE) or (every is not None and every % rollups.MINUTE):
         return None
-    parts = _parts(plan)
-    group = column or "NULL"
-    bucket = f"CAST(ts / {int(every)} AS INTEGER) * {int(every)}" if every else "NULL"
+    parts = _parts(plan, dialect)
+    group = column or _NULL
+    # A rollup row's `ts` is a whole minute, an integer: integer division buckets it in both stores.
+    rolled_bucket = f"(ts / {int(every)}) * {int(every)}" if every else _NULL
+    bucket = dialect.bucket(int(every)) if every else _NULL
     accs: dict[tuple[Any, Any], dict[str, Any]] = {}
 
     def acc(key: tuple[Any, Any]) -> dict[str, Any]:
@@ -269,10 +301,10 @@ def groups(
 
     if parts.rollup is not None:
         where, params = parts.rollup
-        for g, b, failed, hung, n, tin, tout, cost, priced, dn, dmax, tn, tmax in conn.execute(
-            f"SELECT {group}, {bucket}, {_FAILED}, hung_up, total(requests), total(input_tokens),"
-            " total(output_tokens), total(cost_usd), total(priced), total(duration_n), max(duration_max),"
-            f" total(ttfe_n), max(ttfe_max) FROM {rollups.TABLE} WHERE {where} GROUP BY 1, 2, 3, 4",
+        for g, b, failed, hung, n, tin, tout, cost, priced, dn, dmax, tn, tmax in run(
+            f"SELECT {group}, {rolled_bucket}, {_FAILED}, hung_up, sum(requests), sum(input_tokens),"
+            " sum(output_tokens), sum(cost_usd), sum(priced), sum(duration_n), max(duration_max),"
+            f" sum(ttfe_n), max(ttfe_max) FROM {rollups.TABLE} WHERE {where} GROUP BY 1, 2, 3, 4",
             params,
         ):
             if not n:
@@ -283,23 +315,23 @@ def groups(
             a["hung_up"] += int(n) if hung else 0
             a["tokens_in"] += int(tin)
             a["tokens_out"] += int(tout)
-            a["cost"] += cost
+            a["cost"] += float(cost)
             a["priced"] += int(priced)
             a["duration"].add_sums(dn, 0.0, dmax)
             a["ttfe"].add_sums(tn, 0.0, tmax)
         names = {v: k for k, v in rollups.METRICS.items()}
-        for g, b, metric, sb, n in _sketch_rows(conn, parts.rollup, group, bucket):
-            if names[metric] == "rate":
+        for g, b, metric, sb, n in _sketch_rows(run, parts.rollup, group, rolled_bucket):
+            if names[int(metric)] == "rate":
                 continue
-            counts = acc((g, b))[names[metric]].counts
-            counts[sb] = counts.get(sb, 0) + int(n)
+            counts = acc((g, b))[names[int(metric)]].counts
+            counts[int(sb)] = counts.get(int(sb), 0) + int(n)
     scanned = 0
     for where, params in parts.scans:
-        rows = conn.execute(
+        rows = run(
             f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens,"
             f" cost_usd FROM requests WHERE {where}",
             params,
-        ).fetchall()
+        )
         scanned += len(rows)
         for g, b, failed, hung, dur, ttfe, tin, tout, cost in rows:
             a = acc((g, b))
