@@ -63,7 +63,8 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
         summary["method"] = event.method
         summary["path"] = event.path
         summary["tenant"] = event.tenant
-        summary["_body"] = event.body  # a reference, read only for a request refused before validation
+        if event.body:  # a reference, read only for a request refused before validation
+            summary["_body"] = event.body
         if event.client_request_id is not None:
             summary["client_id"] = event.client_request_id
         replay_of = _header(event.headers, REPLAY_HEADER)
@@ -77,6 +78,11 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
         summary["backend"] = event.backend
         summary["worker"] = event.worker
         summary["model"] = event.model
+    elif isinstance(event, Rendered):
+        # The prompt's size, known before the engine answers: kept if the stream is cut before
+        # its usage arrives (message_start or completion restate it when they come).
+        if summary.get("input_tokens") is None:
+            summary["input_tokens"] = event.prompt_tokens
     elif isinstance(event, Rejected | Error):
         if summary.get("model") is None:
             _asked_model(summary)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from journal.prices import PriceTable
 from smg.backends.grpc.config import EngineConfig
 from smg.fetch.config import FetchConfig
 from smg.flags import option
@@ -56,6 +57,7 @@ class GatewayConfig:
     journal_bodies: str = "full"  # full | redacted | none (journal.bodies)
     journal_retention: tuple[float | None, int | None] | None = None  # (max age s, max bytes)
     journal_buffer: JournalBufferConfig = field(default_factory=JournalBufferConfig)
+    prices: PriceTable | None = None  # --price-table (smg.spend): each completed request's cost
     max_payload_size: int = 536_870_912
     router: RouterConfig = field(default_factory=RouterConfig)  # workers, policies, retries, breakers, health
     request_id_headers: tuple[str, ...] = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")

@@ -35,12 +35,15 @@ def _bucket(value: str) -> str:
     )
 
 
+# An arrival no calendar holds (a local file keeps what it was sent) has no minute, rather
+# than failing the shipment of its batch on an integer out of range.
+_MINUTE = f"CASE WHEN abs(r.ts) < 1e15 THEN (floor(r.ts / {local.MINUTE}) * {local.MINUTE})::bigint END"
 _RATED = "(r.output_tokens IS NOT NULL AND r.duration_ms IS NOT NULL AND r.duration_ms > 0)"
 _RATE = f"CASE WHEN {_RATED} THEN r.output_tokens * 1000.0 / r.duration_ms END"
 _VALUES = ", ".join(
     [
         "r.day",
-        f"(floor(r.ts / {local.MINUTE}) * {local.MINUTE})::bigint",
+        _MINUTE,
         *(f"r.{c}" for c in local.DIMENSIONS),
         "sign",
         "sign * COALESCE(r.input_tokens, 0)",
@@ -114,7 +117,6 @@ _TRIGGER = (
 )
 
 _R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
-_MINUTE = f"(floor(r.ts / {local.MINUTE}) * {local.MINUTE})::bigint"
 _BACKFILL = (
     f"""INSERT INTO {TABLE} ({_COLUMNS})
     SELECT r.day, {_MINUTE}, {_R_DIMS}, count(*),

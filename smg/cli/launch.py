@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from journal.prices import PriceTable
 from smg.admission import Gates
 from smg.backends.grpc.config import EngineConfig
 from smg.backends.http.client import TRANSPORTS
@@ -122,6 +123,7 @@ def build_config(
     fetch: FetchConfig | None = None,
     media: MediaConfig | None = None,
     journal_buffer: JournalBufferConfig | None = None,
+    prices: PriceTable | None = None,
 ) -> GatewayConfig:
     router = router or RouterConfig()
     prefill_urls = _prefill_workers(prefill or [])
@@ -237,6 +239,7 @@ def build_config(
         journal_bodies=journal_bodies,
         journal_retention=retention,
         journal_buffer=journal_buffer or JournalBufferConfig(),
+        prices=prices,
         max_payload_size=max_payload_size,
         router=dataclasses.replace(router, runtime=backend if backend in ENGINE_RUNTIMES else None),
         upstream_transport=upstream_transport,
@@ -416,6 +419,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             retention=config.journal_retention if retention else None,
             max_held=config.journal_buffer.journal_max_held,
             recover=retention,
+            prices=config.prices,
         )
         if config.journal_path
         else NullJournal()

@@ -32,6 +32,7 @@ from smg.routing.retry import RetryConfig
 from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 from smg.shared.link import SharedStateConfig
+from smg.spend import SpendConfig
 
 app = typer.Typer(
     help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
@@ -67,6 +68,7 @@ _COMPONENTS = (
     MediaConfig,
     SinkConfig,
     JournalBufferConfig,
+    SpendConfig,
 )
 
 
@@ -255,6 +257,7 @@ def launch(
                 shared=build_component(SharedStateConfig, flags),
             )
             journal_buffer = build_component(JournalBufferConfig, flags)
+            prices = build_component(SpendConfig, flags).load()
             observability.check()
             fetch = build_component(FetchConfig, flags)
             fetch.policy()
@@ -296,6 +299,7 @@ def launch(
             fetch=fetch,
             media=media,
             journal_buffer=journal_buffer,
+            prices=prices,
         )
         if workers < 1:
             raise LaunchError("--workers must be at least 1")
