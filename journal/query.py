@@ -34,6 +34,8 @@ false; `!` negates that):
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
 * `in:`, `out:` token counts (`12k` = 12000); every op.
+* `cost:` the request's cost in dollars (`cost:>0.05`, `cost:>=$1`; a request without a price
+  has no cost and matches no `cost:` term); every op.
 * `has:tool_use`, `has:thinking`, `has:error` (a status of 400 or more, or an error event).
 * `stream:yes|no`, `replay:yes|no` (also `true`/`false`).
 * `since:`, `until:` a duration ago (`90s`, `15m`, `2h`, `1d`, `1w`) or an ISO date/time
@@ -116,6 +118,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "dur": ("duration", "duration_ms"),
     "in": ("count", "input_tokens"),
     "out": ("count", "output_tokens"),
+    "cost": ("money", "cost_usd"),
     "has": ("has", ""),
     "stream": ("flag", "stream"),
     "replay": ("replay", "replay_of"),
@@ -421,7 +424,7 @@ class _Compiler:
         op = term.op or "="
         allowed = (
             _NUMERIC_OPS
-            if kind in ("status", "duration", "count")
+            if kind in ("status", "duration", "count", "money")
             else _EQ_OPS
             if kind in (_STRING, "replica_name")
             else {"="}
@@ -437,7 +440,7 @@ class _Compiler:
             return self.id_prefix(term.value)
         if kind == "trace":
             return self.trace(term)
-        if kind in ("status", "duration", "count"):
+        if kind in ("status", "duration", "count", "money"):
             return self.number(term, kind, column, op)
         if kind == "has":
             if term.value.lower() not in _HAS:
@@ -496,7 +499,7 @@ class _Compiler:
                 low = int(klass.group(1)) * 100
                 inside = f"{column} >= {self.bind(low)} AND {column} < {self.bind(low + 100)}"
                 return f"({column} IS NOT NULL AND {'' if op == '=' else 'NOT '}({inside}))"
-        match = _NUMBER.fullmatch(value)
+        match = _NUMBER.fullmatch(value.removeprefix("$") if kind == "money" else value)
         if not match:
             raise QueryError(f"{term.field}: expected a number", term.pos, term.token)
         number, unit = float(match.group(1)), match.group(2).lower()

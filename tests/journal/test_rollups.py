@@ -243,3 +243,17 @@ def test_the_sketch_reads_within_its_error() -> None:
         for b, n in half.items():
             merged[b] = merged.get(b, 0) + n
     assert merged == counts
+
+
+def test_cost_is_a_term_of_the_query_language(journal: Path) -> None:
+    with JournalReader(journal) as reader:
+        rows = reader.list_requests(limit=TRAFFIC.requests)
+        costs = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
+        assert costs and len(costs) < len(rows)  # qwen3-8b has no price
+        threshold = min(costs)
+        assert reader.count(f"cost:>{threshold}") == sum(1 for c in costs if c > threshold) > 0
+        assert reader.count("cost:>=$0") == len(costs)
+        assert reader.count("!cost:>=0") == len(rows) - len(costs)
+        numbers = reader.stats(f"cost:>{threshold}")
+        assert numbers["source"] == "scan"  # the rollups keep no per-request cost
+        assert numbers["cost_usd"]["total"] == pytest.approx(sum(c for c in costs if c > threshold))
