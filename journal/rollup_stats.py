@@ -69,7 +69,25 @@ class _Parts:
     scans: list[tuple[str, list[Any]]]
 
 
-def _parts(plan: RollupPlan, dialect: Dialect) -> _Parts:
+def _cover(lo: float | None, hi: float | None, grains: Sequence[int]) -> list[tuple[int, float | None, float | None]]:
+    """[lo, hi) (whole minutes, None: open) as `(grain, start, end)` ranges of rollup rows, the
+    coarsest that fit first: a week is seven day rows and the hours and minutes at its ends."""
+    grain, finer = grains[0], grains[1:]
+    if not finer:
+        return [(grain, lo, hi)]
+    start = None if lo is None else math.ceil(lo / grain) * grain
+    end = None if hi is None else math.floor(hi / grain) * grain
+    if start is not None and end is not None and start >= end:
+        return _cover(lo, hi, finer)
+    out = [(grain, start, end)]
+    if lo is not None and start is not None and lo < start:
+        out += _cover(lo, start, finer)
+    if hi is not None and end is not None and end < hi:
+        out += _cover(end, hi, finer)
+    return out
+
+
+def _parts(plan: RollupPlan, dialect: Dialect, grains: Sequence[int] = rollups.GRAINS) -> _Parts:
     where, params = f"({plan.where})", list(plan.params)
     mark = dialect.placeholder
 
@@ -97,8 +115,12 @@ def _parts(plan: RollupPlan, dialect: Dialect) -> _Parts:
     if hi is not None and whole_hi is not None and whole_hi < hi:
         edge_sql, edge_params = _range(whole_hi, hi)
         scans.append((f"completed = 1 AND {where}{edge_sql}", [*params, *edge_params]))
-    whole_sql, whole_params = _range(whole_lo, whole_hi)
-    return _Parts((f"{where}{whole_sql}", [*params, *whole_params]), scans)
+    ranges, range_params = [], []
+    for grain, start, end in _cover(whole_lo, whole_hi, grains):
+        sql, bounds = _range(start, end)
+        ranges.append(f"(grain = {grain}{sql})")
+        range_params += bounds
+    return _Parts((f"{where} AND ({' OR '.join(ranges)})", [*params, *range_params]), scans)
 
 
 def counted(run: Run, plan: RollupPlan, dialect: Dialect = SQLITE) -> int:
@@ -276,7 +298,9 @@ def groups(
     rollups cannot group so (a column they do not keep, a bucket not a whole number of minutes)."""
     if (column is not None and column not in _GROUPABLE) or (every is not None and every % rollups.MINUTE):
         return None
-    parts = _parts(plan, dialect)
+    # Rows of a grain that divides the bucket width fall each in one bucket.
+    grains = [g for g in rollups.GRAINS if every is None or every % g == 0]
+    parts = _parts(plan, dialect, grains)
     group = column or _NULL
     # A rollup row's `ts` is a whole minute, an integer: integer division buckets it in both stores.
     rolled_bucket = f"(ts / {int(every)}) * {int(every)}" if every else _NULL

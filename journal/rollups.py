@@ -1,6 +1,7 @@
 """Rollups: the completed requests counted per minute and breakdown, kept by the journal itself.
 
-`rollups` holds one row per minute of arrival and combination of the columns a breakdown or a
+`rollups` holds one row per minute (and per hour, and per day: `GRAINS`) of arrival and
+combination of the columns a breakdown or a
 filter names (`DIMENSIONS`: model, tenant, key, worker, backend, status, error code and type,
 stop reason, stream, hung up, cut), with the sums `journal.stats` and `journal.groups` need:
 requests, tokens, cost, duration and time-to-first-event counts, sums and maxima, output rate.
@@ -31,6 +32,10 @@ from journal import sketch
 TABLE = "rollups"
 SKETCH_TABLE = "rollup_sketch"
 MINUTE = 60
+GRAINS: tuple[int, ...] = (86400, 3600, 60)
+"""The widths (seconds) a request is counted at, coarsest first: a day, an hour, a minute. A
+range is read from the coarsest rows that fit in it (a week: seven day rows per combination, not
+10,080 minute rows), the minutes at its ends from minute rows."""
 
 DIMENSIONS: tuple[str, ...] = (
     "model",
@@ -74,7 +79,7 @@ def _rate(r: str) -> str:
     return f"CASE WHEN {_rated(r)} THEN {r}.output_tokens * 1000.0 / {r}.duration_ms END"
 
 
-_KEY = ("ts", *DIMENSIONS)
+_KEY = ("grain", "ts", *DIMENSIONS)
 _KEY_EXPRS = ", ".join(f"IFNULL({c}, {_SENTINEL})" for c in _KEY)
 _MEASURES: tuple[str, ...] = (
     "requests",
@@ -95,7 +100,8 @@ _MAXIMA: tuple[str, ...] = ("first_ts", "last_ts", "duration_max", "ttfe_max")
 _DDL = f"""
     CREATE TABLE {TABLE} (
         rid          INTEGER PRIMARY KEY,
-        ts           INTEGER,  -- the minute of arrival (epoch seconds, a multiple of 60)
+        grain        INTEGER NOT NULL,  -- the width of the row's time bucket (GRAINS)
+        ts           INTEGER,  -- its start (epoch seconds, a multiple of grain)
         {", ".join(f"{c} {'INTEGER' if c in _INTEGER_DIMENSIONS else 'TEXT'}" for c in DIMENSIONS)},
         requests     INTEGER NOT NULL DEFAULT 0,
         input_tokens INTEGER NOT NULL DEFAULT 0,
@@ -117,12 +123,17 @@ _DDL = f"""
 """
 
 
-def _row_values(r: str, sign: int) -> str:
-    """The VALUES of one request `r` (NEW or OLD) counted with `sign` (1 or -1)."""
+def _start(ts: str, grain: int) -> str:
+    return f"CAST({ts} / {grain} AS INTEGER) * {grain}"
+
+
+def _row_values(r: str, sign: int, grain: int) -> str:
+    """The VALUES of one request `r` (NEW or OLD) counted with `sign` (1 or -1) at `grain`."""
     s = f"{sign} * "
     return ", ".join(
         [
-            f"CAST({r}.ts / {MINUTE} AS INTEGER) * {MINUTE}",
+            str(grain),
+            _start(f"{r}.ts", grain),
             *(f"{r}.{c}" for c in DIMENSIONS),
             f"{sign}",
             s + _is_int(f"{r}.input_tokens"),
@@ -156,23 +167,24 @@ _UPSERT = f"ON CONFLICT ({_KEY_EXPRS}) DO UPDATE SET {_MERGE}"
 
 
 def _count(r: str, sign: int) -> str:
-    """The trigger statements that count request `r` with `sign` in its rollup row and sketches."""
-    minute = f"CAST({r}.ts / {MINUTE} AS INTEGER) * {MINUTE}"
-    match = " AND ".join(
-        f"IFNULL({c}, {_SENTINEL}) = IFNULL({minute if c == 'ts' else f'{r}.{c}'}, {_SENTINEL})" for c in _KEY
-    )
-    statements = [f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_row_values(r, sign)}) {_UPSERT};"]
-    for metric, expr in (
-        (METRICS["duration"], f"{r}.duration_ms"),
-        (METRICS["ttfe"], f"{r}.ttfe_ms"),
-        (METRICS["rate"], _rate(r)),
-    ):
-        b = sketch.bucket_sql(expr)
-        statements.append(
-            f"INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)"
-            f" SELECT (SELECT rid FROM {TABLE} WHERE {match}), {metric}, {b}, {sign} WHERE {b} IS NOT NULL"
-            " ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = n + excluded.n;"
-        )
+    """The trigger statements that count request `r` with `sign` in its rollup rows (one per
+    grain) and their sketches."""
+    statements = []
+    for grain in GRAINS:
+        key = {"grain": str(grain), "ts": _start(f"{r}.ts", grain)}
+        match = " AND ".join(f"IFNULL({c}, {_SENTINEL}) = IFNULL({key.get(c, f'{r}.{c}')}, {_SENTINEL})" for c in _KEY)
+        statements.append(f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_row_values(r, sign, grain)}) {_UPSERT};")
+        for metric, expr in (
+            (METRICS["duration"], f"{r}.duration_ms"),
+            (METRICS["ttfe"], f"{r}.ttfe_ms"),
+            (METRICS["rate"], _rate(r)),
+        ):
+            b = sketch.bucket_sql(expr)
+            statements.append(
+                f"INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)"
+                f" SELECT (SELECT rid FROM {TABLE} WHERE {match}), {metric}, {b}, {sign} WHERE {b} IS NOT NULL"
+                " ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = n + excluded.n;"
+            )
     return "\n".join(statements)
 
 
@@ -190,7 +202,7 @@ def create(conn: sqlite3.Connection) -> None:
     completed request already in the file (one grouped pass; part of the migration)."""
     conn.execute(_DDL)
     conn.execute(f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({_KEY_EXPRS})")
-    conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE} (ts)")
+    conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)")
     conn.execute(
         f"CREATE TABLE {SKETCH_TABLE} (rid INTEGER NOT NULL, metric INTEGER NOT NULL, bucket INTEGER NOT NULL,"
         " n INTEGER NOT NULL, PRIMARY KEY (rid, metric, bucket)) WITHOUT ROWID"
@@ -211,9 +223,9 @@ def create(conn: sqlite3.Connection) -> None:
     )
 
 
-def _grouped(where: str, sign: int) -> tuple[str, str]:
+def _grouped(where: str, sign: int, grain: int) -> tuple[str, str]:
     """The two statements that count (`sign` 1) or discount (-1) the completed requests `where`
-    selects, grouped: into the rollups, then into the sketches."""
+    selects at `grain`, grouped: into the rollups, then into the sketches."""
     r = "r"
     sums = [
         f"{sign} * count(*)",
@@ -233,10 +245,10 @@ def _grouped(where: str, sign: int) -> tuple[str, str]:
         f"max({_number('duration_ms')})",
         f"max({_number('ttfe_ms')})",
     ]
-    minute = f"CAST(ts / {MINUTE} AS INTEGER) * {MINUTE}"
+    minute = _start("ts", grain)
     dims = ", ".join(DIMENSIONS)
     rollup = (
-        f"INSERT INTO {TABLE} ({_COLUMNS}) SELECT {minute}, {dims}, {', '.join(sums)}"
+        f"INSERT INTO {TABLE} ({_COLUMNS}) SELECT {grain}, {minute}, {dims}, {', '.join(sums)}"
         f" FROM requests AS r WHERE completed = 1 AND ({where}) GROUP BY {minute}, {dims} {_UPSERT}"
     )
     match = " AND ".join(f"IFNULL(k.{c}, {_SENTINEL}) = IFNULL(v.{c}, {_SENTINEL})" for c in _KEY)
@@ -248,7 +260,7 @@ def _grouped(where: str, sign: int) -> tuple[str, str]:
     sketches = (
         f"INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)"
         f" SELECT k.rid, v.metric, v.bucket, {sign} * v.n FROM"
-        f" (SELECT ts, {dims}, metric, bucket, count(*) AS n FROM ({values}) WHERE bucket IS NOT NULL"
+        f" (SELECT {grain} AS grain, ts, {dims}, metric, bucket, count(*) AS n FROM ({values}) WHERE bucket IS NOT NULL"
         f" GROUP BY ts, {dims}, metric, bucket) AS v JOIN {TABLE} AS k ON {match}"
         " WHERE 1 ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = n + excluded.n"
     )
@@ -257,16 +269,18 @@ def _grouped(where: str, sign: int) -> tuple[str, str]:
 
 def backfill(conn: sqlite3.Connection) -> None:
     """Count every completed request of the file (the tables must be empty)."""
-    for statement in _grouped("1", 1):
-        conn.execute(statement)
+    for grain in GRAINS:
+        for statement in _grouped("1", 1, grain):
+            conn.execute(statement)
 
 
 def discount(conn: sqlite3.Connection, where: str, params: Sequence[object]) -> None:
     """Take the completed requests `where` selects out of the rollups (before deleting them;
     in the caller's transaction)."""
-    rollup, sketches = _grouped(where, -1)
-    conn.execute(sketches, list(params) * 3)
-    conn.execute(rollup, list(params))
+    for grain in GRAINS:
+        rollup, sketches = _grouped(where, -1, grain)
+        conn.execute(sketches, list(params) * 3)
+        conn.execute(rollup, list(params))
 
 
 def present(conn: sqlite3.Connection) -> bool:

@@ -1,6 +1,6 @@
 """The fleet journal's rollups: `journal.rollups` in PostgreSQL, part of the store's schema.
 
-Same rows as the local file's (one per minute of arrival and combination of
+Same rows as the local file's (one per minute, hour and day of arrival and combination of
 `journal.rollups.DIMENSIONS`, with the same sums, and the same log-scale latency sketches in
 `rollup_sketch`), plus the partition `day` of their requests. A row trigger on `requests`
 (cloned onto every day partition) counts a row that is completed when it is inserted, moves
@@ -22,7 +22,8 @@ from journal import sketch
 
 TABLE = local.TABLE
 SKETCH_TABLE = local.SKETCH_TABLE
-_KEY = ("day", "ts", *local.DIMENSIONS)
+_KEY = ("day", "grain", "ts", *local.DIMENSIONS)
+_GRAINS = f"(VALUES {', '.join(f'({g})' for g in local.GRAINS)}) AS g (grain)"
 _INTEGER = {"status", "stream", "hung_up", "cut_mid_stream"}
 _REAL = {"cost_usd", "duration_sum", "ttfe_sum", "rated_ms"}
 _MEASURES = local._MEASURES  # noqa: SLF001 (the same sums, by name)
@@ -35,14 +36,15 @@ def _bucket(value: str) -> str:
     )
 
 
-# An arrival no calendar holds (a local file keeps what it was sent) has no minute, rather
+# An arrival no calendar holds (a local file keeps what it was sent) has no time bucket, rather
 # than failing the shipment of its batch on an integer out of range.
-_MINUTE = f"CASE WHEN abs(r.ts) < 1e15 THEN (floor(r.ts / {local.MINUTE}) * {local.MINUTE})::bigint END"
+_MINUTE = "CASE WHEN abs(r.ts) < 1e15 THEN (floor(r.ts / g.grain) * g.grain)::bigint END"
 _RATED = "(r.output_tokens IS NOT NULL AND r.duration_ms IS NOT NULL AND r.duration_ms > 0)"
 _RATE = f"CASE WHEN {_RATED} THEN r.output_tokens * 1000.0 / r.duration_ms END"
 _VALUES = ", ".join(
     [
         "r.day",
+        "g.grain",
         _MINUTE,
         *(f"r.{c}" for c in local.DIMENSIONS),
         "sign",
@@ -77,6 +79,7 @@ _DDL = (
     f"""CREATE TABLE {TABLE} (
         rid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         day date NOT NULL,
+        grain integer NOT NULL,
         ts bigint,
         {", ".join(f"{c} {'bigint' if c in _INTEGER else 'text'}" for c in local.DIMENSIONS)},
         {", ".join(f"{m} {'double precision' if m in _REAL else 'bigint'} NOT NULL DEFAULT 0" for m in _MEASURES)},
@@ -84,12 +87,12 @@ _DDL = (
         duration_max double precision, ttfe_max double precision
     )""",
     f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({', '.join(_KEY)}) NULLS NOT DISTINCT",
-    f"CREATE INDEX {TABLE}_ts ON {TABLE} (ts)",
+    f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)",
     f"CREATE TABLE {SKETCH_TABLE} (rid bigint NOT NULL REFERENCES {TABLE} ON DELETE CASCADE,"
     " metric smallint NOT NULL, bucket bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (rid, metric, bucket))",
     f"""CREATE FUNCTION smg_rollup_count(r requests, sign integer) RETURNS void LANGUAGE sql AS $$
         WITH k AS (
-            INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_VALUES})
+            INSERT INTO {TABLE} ({_COLUMNS}) SELECT {_VALUES} FROM {_GRAINS}
             ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}
             RETURNING rid
         )
@@ -119,26 +122,26 @@ _TRIGGER = (
 _R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
 _BACKFILL = (
     f"""INSERT INTO {TABLE} ({_COLUMNS})
-    SELECT r.day, {_MINUTE}, {_R_DIMS}, count(*),
+    SELECT r.day, g.grain, {_MINUTE}, {_R_DIMS}, count(*),
         COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0), COALESCE(sum(r.cost_usd), 0),
         count(r.cost_usd), count(r.duration_ms), COALESCE(sum(r.duration_ms), 0), count(r.ttfe_ms),
         COALESCE(sum(r.ttfe_ms), 0), count(*) FILTER (WHERE {_RATED}),
         COALESCE(sum(r.output_tokens) FILTER (WHERE {_RATED}), 0),
         COALESCE(sum(r.duration_ms) FILTER (WHERE {_RATED}), 0),
         min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
-    FROM requests r WHERE r.completed = 1 GROUP BY r.day, {_MINUTE}, {_R_DIMS}""",
+    FROM requests r CROSS JOIN {_GRAINS} WHERE r.completed = 1 GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}""",
     # Grouped first, then joined to the rollup rows on (day, minute), which a hash join can
     # use; the other dimensions, NULL for some, are compared after.
     f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
     SELECT k.rid, v.metric, v.bucket, v.n FROM (
-        SELECT r.day, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket,
+        SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket,
             count(*) AS n
-        FROM requests r CROSS JOIN LATERAL
+        FROM requests r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
             (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
             AS m (metric, bucket)
         WHERE r.completed = 1 AND m.bucket IS NOT NULL
-        GROUP BY r.day, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
-    ) v JOIN {TABLE} k ON k.day = v.day AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
+        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
+    ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
         AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})""",
 )
 

@@ -76,15 +76,20 @@ def _ship(started: list[Shipper], path: Path, url: str, n: int, *, duplicates: i
     return shipper
 
 
-def _by(conn: psycopg.Connection[Any], column: str) -> tuple[dict[Any, tuple[Any, ...]], dict[Any, tuple[Any, ...]]]:
-    """Per value of `column`: the sums from a scan of the completed requests, and from the rollups."""
+def _by(
+    conn: psycopg.Connection[Any], column: str, grain: int = 60
+) -> tuple[dict[Any, tuple[Any, ...]], dict[Any, tuple[Any, ...]]]:
+    """Per value of `column`: the sums from a scan of the completed requests, and from the
+    rollup rows of one grain (each request is counted once per grain)."""
     scan = {
         r[0]: tuple(r[1:])
         for r in conn.execute(f"SELECT {column}, {_SUMS} FROM requests WHERE completed = 1 GROUP BY 1").fetchall()
     }
     rolled = {
         r[0]: tuple(r[1:])
-        for r in conn.execute(f"SELECT {column}, {_ROLLED} FROM rollups GROUP BY 1 HAVING sum(requests) != 0")
+        for r in conn.execute(
+            f"SELECT {column}, {_ROLLED} FROM rollups WHERE grain = %s GROUP BY 1 HAVING sum(requests) != 0", (grain,)
+        )
     }
     return scan, rolled
 
@@ -101,7 +106,12 @@ def _percentile_agrees(conn: psycopg.Connection[Any], p: float) -> None:
     values = sorted(
         v for (v,) in conn.execute("SELECT duration_ms FROM requests WHERE completed = 1 AND duration_ms IS NOT NULL")
     )
-    counts = dict(conn.execute("SELECT bucket, sum(n)::bigint FROM rollup_sketch WHERE metric = 0 GROUP BY 1"))
+    counts = dict(
+        conn.execute(
+            "SELECT bucket, sum(n)::bigint FROM rollup_sketch JOIN rollups USING (rid)"
+            " WHERE metric = 0 AND grain = 86400 GROUP BY 1"
+        )
+    )
     (estimate,) = sketch.percentiles({int(b): int(n) for b, n in counts.items()}, [p])
     exact = values[max(0, math.ceil(p * len(values)) - 1)]
     assert estimate is not None and abs(estimate - exact) <= sketch.RELATIVE_ERROR * exact + 1e-9
@@ -115,10 +125,11 @@ async def test_shipped_requests_are_rolled_up_once_however_often_sent(
     _ship(started, path, sink, TRAFFIC.requests).stop()
     with psycopg.connect(sink, autocommit=True) as conn:
         for column in ("model", "worker", "status", "key_fp", "day", "error_code"):
-            _same(*_by(conn, column))
+            for grain in (60, 3600, 86400):
+                _same(*_by(conn, column, grain))
         _percentile_agrees(conn, 0.5)
         _percentile_agrees(conn, 0.99)
-        total = conn.execute("SELECT sum(requests), sum(cost_usd) FROM rollups").fetchone()
+        total = conn.execute("SELECT sum(requests), sum(cost_usd) FROM rollups WHERE grain = 3600").fetchone()
         assert total is not None and int(total[0]) == TRAFFIC.requests and float(total[1]) > 0
     # Everything queued again (a crash between PostgreSQL's commit and the local cursor's):
     # the resent rows are the same, so nothing is counted twice.
@@ -151,7 +162,8 @@ async def test_retention_keeps_the_rollups_to_what_the_journal_holds(
         left = [d for (d,) in conn.execute("SELECT DISTINCT day FROM requests ORDER BY 1")]
         assert left == days[1:]
         for column in ("day", "model", "status"):
-            _same(*_by(conn, column))
+            for grain in (60, 3600, 86400):
+                _same(*_by(conn, column, grain))
         assert conn.execute("SELECT count(*) FROM rollups WHERE day = %s", (days[0],)).fetchone() == (0,)
 
 

@@ -145,13 +145,14 @@ def test_the_rollups_are_the_writers_triggers_and_a_regrouping_gives_the_same(jo
     shutil.copy(journal, copy)
     conn = schema.connect(copy)
     try:
-        dims = f"r.ts, {', '.join(f'r.{c}' for c in rollups.DIMENSIONS)}"
+        dims = f"r.grain, r.ts, {', '.join(f'r.{c}' for c in rollups.DIMENSIONS)}"
         query = f"SELECT {dims}, requests, input_tokens, output_tokens, round(cost_usd, 9), duration_n,"
         query += f" round(duration_sum, 6) FROM {rollups.TABLE} AS r WHERE requests != 0"
         sketches = f"SELECT {dims}, metric, bucket, n FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} AS r"
         sketches += " USING (rid) WHERE n != 0"
         written, written_sketches = conn.execute(query).fetchall(), conn.execute(sketches).fetchall()
-        assert sum(row[len(rollups.DIMENSIONS) + 1] for row in written) == TRAFFIC.requests
+        # Each request once per grain (a minute, an hour and a day row).
+        assert sum(row[len(rollups.DIMENSIONS) + 2] for row in written) == TRAFFIC.requests * len(rollups.GRAINS)
         conn.execute(f"DELETE FROM {rollups.TABLE}")
         conn.execute(f"DELETE FROM {rollups.SKETCH_TABLE}")
         rollups.backfill(conn)
@@ -183,10 +184,14 @@ def test_a_request_moved_after_completing_is_moved_in_the_rollups(tmp_path: Path
         conn.execute("UPDATE requests SET completed = 1, status = 499, duration_ms = 10.0 WHERE id = 'a'")
         conn.execute("UPDATE requests SET status = 200, duration_ms = 900.0, output_tokens = 3 WHERE id = 'a'")
         rows = conn.execute(
-            f"SELECT status, requests, duration_n, duration_sum, output_tokens FROM {rollups.TABLE} ORDER BY status"
+            f"SELECT status, requests, duration_n, duration_sum, output_tokens FROM {rollups.TABLE}"
+            " WHERE grain = 60 ORDER BY status"
         ).fetchall()
         assert rows == [(200, 1, 1, 900.0, 3), (499, 0, 0, 0.0, 0)]
-        counts = conn.execute(f"SELECT bucket, sum(n) FROM {rollups.SKETCH_TABLE} WHERE metric = 0 GROUP BY 1")
+        counts = conn.execute(
+            f"SELECT bucket, sum(n) FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} USING (rid)"
+            " WHERE metric = 0 AND grain = 3600 GROUP BY 1"
+        )
         assert {b: n for b, n in counts if n} == {sketch.bucket(900.0): 1}
     finally:
         conn.close()
@@ -221,8 +226,11 @@ def test_a_journal_of_the_previous_version_gets_its_rollups_when_migrated(tmp_pa
     assert numbers["latency_ms"]["duration"]["mean"] == pytest.approx(41.0 / 3)
     conn = sqlite3.connect(path)
     try:
-        # One row per minute here (a model, a status each): three requests in three rows.
-        assert conn.execute(f"SELECT sum(requests), count(*) FROM {rollups.TABLE}").fetchone() == (3, 3)
+        # One minute row each here (a model, a status each): three requests in three rows.
+        minutes = f"SELECT sum(requests), count(*) FROM {rollups.TABLE} WHERE grain = 60"
+        assert conn.execute(minutes).fetchone() == (3, 3)
+        days = f"SELECT sum(requests), count(*) FROM {rollups.TABLE} WHERE grain = 86400"
+        assert conn.execute(days).fetchone() == (3, 2)  # one day: m/200 and None/500
     finally:
         conn.close()
 
