@@ -79,7 +79,7 @@ def _cover(lo: float | None, hi: float | None, grains: Sequence[int]) -> list[tu
     end = None if hi is None else math.floor(hi / grain) * grain
     if start is not None and end is not None and start >= end:
         return _cover(lo, hi, finer)
-    out = [(grain, start, end)]
+    out: list[tuple[int, float | None, float | None]] = [(grain, start, end)]
     if lo is not None and start is not None and lo < start:
         out += _cover(lo, start, finer)
     if hi is not None and end is not None and end < hi:
@@ -183,7 +183,9 @@ def stats(
     summary table (the edges and those in flight)."""
     parts = _parts(plan, dialect)
     cells: Counter[tuple[Any, ...]] = Counter()
-    sums = Counter[str]()
+    sums: dict[str, float] = dict.fromkeys(
+        ("input", "output", "cost", "priced", "rated", "rated_output", "rated_ms"), 0.0
+    )
     first_ts: float | None = None
     last_ts: float | None = None
     metrics = {name: _Sketch() for name in rollups.METRICS}

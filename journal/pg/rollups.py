@@ -150,7 +150,7 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
     """Schema v3: `cost_usd`, the rollup tables, their trigger, and the completed requests
     already shipped counted once."""
     for statement in _DDL:
-        conn.execute(statement)  # type: ignore[arg-type]  # built from constants
+        conn.execute(statement)  # built from constants
     for statement in _BACKFILL:
-        conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute(statement)
     conn.execute(_TRIGGER)
