@@ -49,6 +49,8 @@ class _Acc:
     hung_up: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cost_usd: float = 0.0
+    priced: int = 0
     durations: list[float] = field(default_factory=list)
     ttfes: list[float] = field(default_factory=list)
 
@@ -64,14 +66,15 @@ def compute(
 ) -> list[dict[str, Any]]:
     """One dict per (group, bucket) with requests: `group` (None without `by`), `bucket`
     (epoch seconds, None without `every`), `requests`, `errors`, `error_rate`, `hung_up`,
-    `latency_ms` and `ttft_ms` ({`count`, `p50`, …}), `tokens_in`, `tokens_out`. Sorted by
+    `latency_ms` and `ttft_ms` ({`count`, `p50`, …}), `tokens_in`, `tokens_out`, `cost_usd`
+    (None when no request of the group has a price). Sorted by
     bucket, then by requests (most first). Raises ValueError for an unknown `by`."""
     if by is not None and by not in GROUPS:
         raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(GROUPS)}")
     group = GROUPS[by] if by is not None else "NULL"
     bucket = f"CAST(ts / {int(every)} AS INTEGER) * {int(every)}" if every else "NULL"
     sql = (
-        f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens"
+        f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens, cost_usd"
         f" FROM requests WHERE ({where or '1'})"
     )
     return aggregate(conn.execute(sql, list(params)), percentiles)
@@ -79,9 +82,9 @@ def compute(
 
 def aggregate(rows: Iterable[Sequence[Any]], percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
     """`compute`'s dicts from its read, whatever store ran it: per selected request `(group,
-    bucket, failed, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens)`."""
+    bucket, failed, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens, cost_usd)`."""
     accs: dict[tuple[Any, Any], _Acc] = {}
-    for g, b, failed, hung_up, duration, ttfe, tin, tout in rows:
+    for g, b, failed, hung_up, duration, ttfe, tin, tout, cost in rows:
         acc = accs.get((g, b))
         if acc is None:
             acc = accs[(g, b)] = _Acc()
@@ -90,6 +93,9 @@ def aggregate(rows: Iterable[Sequence[Any]], percentiles: Sequence[float] = PERC
         acc.hung_up += 1 if hung_up else 0
         acc.tokens_in += tin if isinstance(tin, int) else 0
         acc.tokens_out += tout if isinstance(tout, int) else 0
+        if isinstance(cost, int | float):
+            acc.cost_usd += cost
+            acc.priced += 1
         if duration is not None:
             acc.durations.append(duration)
         if ttfe is not None:
@@ -106,6 +112,7 @@ def aggregate(rows: Iterable[Sequence[Any]], percentiles: Sequence[float] = PERC
             "ttft_ms": _distribution(a.ttfes, percentiles),
             "tokens_in": a.tokens_in,
             "tokens_out": a.tokens_out,
+            "cost_usd": a.cost_usd if a.priced else None,
         }
         for (g, b), a in accs.items()
     ]

@@ -34,6 +34,8 @@ false; `!` negates that):
 * `ttft:`, `ttfe:` (time to the first upstream/block event), `dur:` (duration): a number with
   a unit, `ms` (the default), `s`, `m` or `h`; every op.
 * `in:`, `out:` token counts (`12k` = 12000); every op.
+* `cost:` the request's cost in dollars (`cost:>0.05`, `cost:>=$1`; a request without a price
+  has no cost and matches no `cost:` term); every op.
 * `has:tool_use`, `has:thinking`, `has:error` (a status of 400 or more, or an error event).
 * `stream:yes|no`, `replay:yes|no` (also `true`/`false`).
 * `since:`, `until:` a duration ago (`90s`, `15m`, `2h`, `1d`, `1w`) or an ISO date/time
@@ -119,6 +121,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "dur": ("duration", "duration_ms"),
     "in": ("count", "input_tokens"),
     "out": ("count", "output_tokens"),
+    "cost": ("money", "cost_usd"),
     "has": ("has", ""),
     "stream": ("flag", "stream"),
     "replay": ("replay", "replay_of"),
@@ -428,7 +431,7 @@ class _Compiler:
         op = term.op or "="
         allowed = (
             _NUMERIC_OPS
-            if kind in ("status", "duration", "count")
+            if kind in ("status", "duration", "count", "money")
             else _EQ_OPS
             if kind in (_STRING, "replica_name")
             else {"="}
@@ -449,7 +452,7 @@ class _Compiler:
             return self.id_prefix(term.value)
         if kind == "trace":
             return self.trace(term)
-        if kind in ("status", "duration", "count"):
+        if kind in ("status", "duration", "count", "money"):
             return self.number(term, kind, column, op)
         if kind == "has":
             if term.value.lower() not in _HAS:
@@ -508,7 +511,7 @@ class _Compiler:
                 low = int(klass.group(1)) * 100
                 inside = f"{column} >= {self.bind(low)} AND {column} < {self.bind(low + 100)}"
                 return f"({column} IS NOT NULL AND {'' if op == '=' else 'NOT '}({inside}))"
-        match = _NUMBER.fullmatch(value)
+        match = _NUMBER.fullmatch(value.removeprefix("$") if kind == "money" else value)
         if not match:
             raise QueryError(f"{term.field}: expected a number", term.pos, term.token)
         number, unit = float(match.group(1)), match.group(2).lower()
@@ -620,3 +623,68 @@ def _fts(node: _Node) -> tuple[str, bool] | None:
             expression = f"({expression}) NOT ({' OR '.join(negative)})"
         return expression, False
     return None
+
+
+# -- rollups --------------------------------------------------------------------------------
+
+# The fields whose columns key a rollup row (`journal.rollups.DIMENSIONS`), and `has:` values
+# over them alone.
+_ROLLUP_FIELDS = frozenset({"model", "backend", "worker", "tenant", "code", "type", "stop", "key", "status"})
+_ROLLUP_FLAGS = frozenset({"hung_up", "cut", "stream"})
+_ROLLUP_HAS = frozenset({"error", "hung_up", "cut"})
+
+
+@dataclass(frozen=True, slots=True)
+class RollupPlan:
+    """A query the rollups can answer: `where` (SQL over the rollup dimensions, which are named
+    as in `requests`, so it also selects summary rows) with `params`, within the arrival range
+    [`since`, `until`) (None: open)."""
+
+    where: str
+    params: list[Any]
+    since: float | None
+    until: float | None
+
+
+def rollup_plan(
+    text: str, *, now: float | None = None, compiler_type: type[_Compiler] | None = None
+) -> RollupPlan | None:
+    """`text` as a `RollupPlan`, or None when a part of it names something the rollups do not
+    keep (free text, an id, a user, a duration, a token count, …) or a time range other than
+    `since:`/`until:` terms of the top-level AND. `compiler_type`: the store's compiler (this
+    module's for SQLite, `journal.pg.query`'s). Raises `QueryError` like `compile_query`."""
+    tree = parse(text)
+    compiler = (compiler_type or _Compiler)(time.time() if now is None else now, False, False)
+    if tree is None:
+        return RollupPlan("1 = 1", [], None, None)
+    items = tree.items if isinstance(tree, _Group) and tree.op == "AND" else (tree,)
+    since: float | None = None
+    until: float | None = None
+    rest: list[_Node] = []
+    for item in items:
+        if isinstance(item, _Term) and item.field in ("since", "until"):
+            moment = compiler.moment(item)
+            if item.field == "since":
+                since = moment if since is None else max(since, moment)
+            else:
+                until = moment if until is None else min(until, moment)
+        elif _in_rollups(item):
+            rest.append(item)
+        else:
+            return None
+    if not rest:
+        return RollupPlan("1 = 1", [], since, until)
+    where = compiler.node(rest[0] if len(rest) == 1 else _Group("AND", tuple(rest)))
+    return RollupPlan(where, compiler.params, since, until)
+
+
+def _in_rollups(node: _Node) -> bool:
+    if isinstance(node, _Group):
+        return all(_in_rollups(item) for item in node.items)
+    if isinstance(node, _Not):
+        return _in_rollups(node.item)
+    if isinstance(node, _Text):
+        return False
+    if node.field == "has":
+        return node.value.lower() in _ROLLUP_HAS
+    return node.field in _ROLLUP_FIELDS or node.field in _ROLLUP_FLAGS

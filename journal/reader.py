@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from journal import groups, packed, redact, schema, search, stats
+from journal import groups, packed, redact, rollup_stats, rollups, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
 from journal.follow import Follower
-from journal.query import compile_query, text_only
+from journal.query import RollupPlan, compile_query, rollup_plan, text_only
 from journal.store import REPLICA
 
 _BOOL_COLUMNS = ("stream", "completed", "has_tool_use", "has_thinking", *search.FLAGS)
@@ -50,6 +50,9 @@ class AmbiguousRequestId(JournalError, LookupError):
 
 class JournalReader:
     """Read-only access to one journal file (a `journal.store.JournalStore`)."""
+
+    stats_source = ""
+    """Where the last `group_stats` read its numbers: `from rollups …` or `scanned N requests`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -100,6 +103,10 @@ class JournalReader:
             self._exists_sql = "SELECT 1 FROM main.events WHERE request_id = ? LIMIT 1"
         self.indexed = search.has_index(self._conn)
         """Whether free text is looked up in the full-text index (else scanned for; an older file)."""
+        self.rollups = rollups.present(self._conn)
+        """Whether the file keeps rollups (`journal.rollups`; not a file of an older version)."""
+        self.exact_up_to = rollup_stats.EXACT_UP_TO
+        """`stats` scans a selection the rollups count at most this many requests of (exact percentiles)."""
 
     def compile(self, query: str, *, ordered: bool = False) -> tuple[str, list[Any]]:
         """`query` as SQL over this file's `requests` (`journal.query.compile_query`, with the
@@ -122,14 +129,43 @@ class JournalReader:
         self.compile(query)
 
     def stats(self, query: str = "") -> dict[str, Any]:
-        """`journal.stats.compute` of the requests `query` selects."""
+        """`journal.stats.compute` of the requests `query` selects, from the rollups when they
+        can answer it and count more than `journal.rollup_stats.EXACT_UP_TO` of them; `source`
+        says which (`rollups` or `scan`) and `scanned` how many summary rows were read."""
+        plan = self._plan(query)
+        if plan is not None:
+            out, scanned = rollup_stats.stats(rollup_stats.sqlite_run(self._conn), plan)
+            return {**out, "source": "rollups", "scanned": scanned}
         where, params = self.compile(query)
-        return stats.compute(self._conn, where, params)
+        out = stats.compute(self._conn, where, params)
+        return {**out, "source": "scan", "scanned": out["requests"]}
 
     def group_stats(self, query: str = "", *, by: str | None = None, every: int | None = None) -> list[dict[str, Any]]:
-        """`journal.groups.compute` of the requests `query` selects."""
+        """`journal.groups.compute` of the requests `query` selects (from the rollups as
+        `stats`); `stats_source` says where the last call read them."""
+        plan = self._plan(query)
+        if plan is not None:
+            column = groups.GROUPS.get(by) if by is not None else None
+            if by is None or column is not None:
+                answered = rollup_stats.groups(rollup_stats.sqlite_run(self._conn), plan, column=column, every=every)
+                if answered is not None:
+                    rows, scanned = answered
+                    self.stats_source = f"from rollups (and {scanned} requests read)" if scanned else "from rollups"
+                    return rows
         where, params = self.compile(query)
-        return groups.compute(self._conn, where, params, by=by, every=every)
+        rows = groups.compute(self._conn, where, params, by=by, every=every)
+        self.stats_source = f"scanned {sum(r['requests'] for r in rows)} requests"
+        return rows
+
+    def _plan(self, query: str) -> RollupPlan | None:
+        """The rollup plan of `query` when the rollups should answer it (None: scan)."""
+        self.compile(query)  # a query that does not compile is an error before anything is read
+        if not self.rollups:
+            return None
+        plan = rollup_plan(query)
+        if plan is None or rollup_stats.counted(rollup_stats.sqlite_run(self._conn), plan) <= self.exact_up_to:
+            return None
+        return plan
 
     def thread_ids(self, thread_key: str, limit: int) -> list[str]:
         """The ids of the requests with this conversation key (`journal.threads`), oldest first."""

@@ -1,7 +1,8 @@
 """Retention: deleting the oldest requests of a journal by age and/or size.
 
 `prune` deletes whole requests, oldest first (by arrival time): a request's events, its text
-row and its summary row go in one transaction, never part of one. Deletion runs in short
+row and its summary row go in one transaction, never part of one (and are taken out of the
+rollups, `journal.rollups`, in it). Deletion runs in short
 transactions (each sized to take about `TRANSACTION_S`, from the time the ones before took) so
 that a gateway writing the same file waits at most one of them. A request that has not
 completed and arrived less than `INFLIGHT_GRACE_S` ago is never deleted: it may still be in
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from journal import packed, schema, search
+from journal import packed, rollups, schema, search
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, p
         events = conn.execute(f"DELETE FROM events WHERE rk IN {chosen}", doomed).rowcount + held
         if search.has_index(conn):
             conn.execute(f"DELETE FROM {search.TABLE} WHERE rowid IN {chosen}", doomed)
+        if rollups.present(conn):  # the rollups describe the requests the file holds
+            rollups.discount(conn, f"rk IN {chosen}", doomed)
         conn.execute(f"DELETE FROM requests WHERE rk IN {chosen}", doomed)
         conn.execute("COMMIT")
     except BaseException:

@@ -7,7 +7,9 @@ at all. Version 1 creates the tables; version 2 adds the indexes that filtered, 
 listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); version 3 adds
 `client_id`; version 4 makes the journal compact (below); version 5 adds the search columns
 and the full-text index (`journal.search`); version 6 makes the summary's indexes cheaper to
-keep (below). Add a migration by appending a function; never edit one that has shipped.
+keep (below); version 7 adds `cost_usd` (`journal.prices`) and the rollups (`journal.rollups`:
+the tables, their triggers, the completed requests already in the file counted once, and the
+partial index of the requests in flight). Add a migration by appending a function; never edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
 every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
@@ -46,7 +48,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from journal import search
+from journal import rollups, search
 
 DEFAULT_PATH = "smg-journal.db"
 """Where `smg launch` writes and `smg journal …` reads when nothing else is said."""
@@ -225,8 +227,13 @@ def _v6(conn: sqlite3.Connection) -> None:
         )
 
 
+def _v7(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE requests ADD COLUMN cost_usd REAL")
+    rollups.create(conn)
+
+
 # v5: the search columns and the text index (`journal.search.migrate`).
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6]
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 KEYED_VERSION = 4
@@ -258,13 +265,14 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "bodies",
     "client_id",
     *search.COLUMNS,
+    "cost_usd",
 )
 """The summary columns of `requests`, in table order (v4 puts the integer key `rk` first)."""
 
 FLAG_COLUMNS: tuple[str, ...] = ("completed", "has_tool_use", "has_thinking", *search.FLAGS)
 """0/1 columns that only ever go from 0 to 1."""
 
-QUERIED_COLUMNS: tuple[str, ...] = ("client_id", *search.COLUMNS)
+QUERIED_COLUMNS: tuple[str, ...] = ("client_id", *search.COLUMNS, "cost_usd")
 """Columns added after v1 that `journal.query` may name: a reader of an older file supplies them as NULL."""
 
 

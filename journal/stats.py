@@ -46,14 +46,16 @@ def compute(
     `by_backend`, `error_codes` (`error_code`, else `error_type`, of those errors), `stop_reasons` (each a
     {value: count} dict, largest first); `latency_ms` ({`duration`, `ttfe`} → {`count`,
     `mean`, `max`, `p50`, …}); `tokens` (`input`, `output`, `output_per_s`,
-    `output_per_s_median`, `rated_requests`).
+    `output_per_s_median`, `rated_requests`); `cost_usd` (`total`, None when no request has a
+    price, and `priced_requests`).
     """
     cond = f"({where})" if where.strip() else "1"
     args = list(params)
     totals = conn.execute(
         f"SELECT count(*), total(completed), total({_FAILED}), min(ts), max(ts),"
         f" total(input_tokens), total(output_tokens), total({_RATED}),"
-        f" total(CASE WHEN {_RATED} THEN output_tokens END) FROM requests WHERE {cond}",
+        f" total(CASE WHEN {_RATED} THEN output_tokens END), total(cost_usd), count(cost_usd)"
+        f" FROM requests WHERE {cond}",
         args,
     ).fetchone()
     # One read of the selection: per request, its breakdowns' values as one JSON array (a key
@@ -74,14 +76,15 @@ def summarize(
     totals: Sequence[Any], rows: list[tuple[Any, ...]], percentiles: Sequence[float] = PERCENTILES
 ) -> dict[str, Any]:
     """`compute`'s dict from its two reads, whatever store ran them: `totals` (count, completed,
-    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens)
+    failed, first ts, last ts, input tokens, output tokens, rated requests, their output tokens,
+    cost in dollars, requests with a cost)
     and per selected request `(breakdown key, duration, ttfe, rate)`, the key a JSON array of its
     status class, status, model, backend, error code and stop reason, the rate None for a
     request not rated.
 
     Sums of milliseconds (the means, the rated time) are summed here, exactly (`math.fsum`):
     the same number from any store, whatever order it reads the rows in."""
-    total, completed, errors, first_ts, last_ts, input_tokens, output_tokens, rated, rated_output = totals
+    total, completed, errors, first_ts, last_ts, input_tokens, output_tokens, rated, rated_output, cost, priced = totals
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 4
     del rows
     rated_ms = math.fsum(d for d, r in zip(columns[1], columns[3], strict=True) if r is not None and _number(d))
@@ -118,7 +121,13 @@ def summarize(
         "output_per_s": rated_output * 1000.0 / rated_ms if rated_ms > 0 else None,
         "output_per_s_median": float(rates[rank(0.5, len(rates))]) if rates else None,
     }
+    out["cost_usd"] = spend(cost, priced)
     return out
+
+
+def spend(cost: Any, priced: Any) -> dict[str, Any]:
+    """The `cost_usd` entry: the total in dollars of the requests with a price, and how many."""
+    return {"total": float(cost or 0.0) if priced else None, "priced_requests": int(priced or 0)}
 
 
 def _number(value: Any) -> bool:

@@ -81,8 +81,12 @@ class JournalStore(Protocol):
 
     def events(self, request_id: str) -> list[tuple[int, Event]]: ...
 
+    stats_source: str
+    """Where the last `group_stats` read its numbers: `from rollups …` or `scanned N requests`."""
+
     def stats(self, query: str = "") -> dict[str, Any]:
-        """`journal.stats.compute` of the requests `query` selects."""
+        """`journal.stats.compute` of the requests `query` selects, with `source` (`rollups`
+        or `scan`) and `scanned` (the summary rows read)."""
         ...
 
     def group_stats(self, query: str = "", *, by: str | None = None, every: int | None = None) -> list[dict[str, Any]]:

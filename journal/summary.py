@@ -4,12 +4,18 @@
 (`journal.schema.REQUEST_COLUMNS`): the writer keeps one dict per in-flight request, folds
 each event in as it is written, and upserts the row in the same transaction as the events.
 A key that is absent means "not known yet" (NULL); the writer's upsert never overwrites a
-known value with NULL.
+known value with NULL. Keys that start with `_` are the fold's own (the cache token counts a
+cost needs, the body a refused request's model is read from) and are not columns.
+
+`price` gives a completed request its `cost_usd` by the operator's price table
+(`journal.prices`), from the model and the usage the fold kept.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
 
 from journal import search
 from journal.events import (
@@ -34,6 +40,7 @@ from journal.events import (
     Upstream,
     Validated,
 )
+from journal.prices import PriceTable
 
 REPLAY_HEADER = "x-smg-replay-of"
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
@@ -56,19 +63,29 @@ def apply(summary: dict[str, Any], request_id: str, event: Event) -> None:
         summary["method"] = event.method
         summary["path"] = event.path
         summary["tenant"] = event.tenant
+        if event.body:  # a reference, read only for a request refused before validation
+            summary["_body"] = event.body
         if event.client_request_id is not None:
             summary["client_id"] = event.client_request_id
         replay_of = _header(event.headers, REPLAY_HEADER)
         if replay_of:
             summary["replay_of"] = replay_of
     elif isinstance(event, Validated):
+        summary.pop("_body", None)
         summary["model"] = event.model
         summary["stream"] = int(bool(event.stream))
     elif isinstance(event, Routed):
         summary["backend"] = event.backend
         summary["worker"] = event.worker
         summary["model"] = event.model
+    elif isinstance(event, Rendered):
+        # The prompt's size, known before the engine answers: kept if the stream is cut before
+        # its usage arrives (message_start or completion restate it when they come).
+        if summary.get("input_tokens") is None:
+            summary["input_tokens"] = event.prompt_tokens
     elif isinstance(event, Rejected | Error):
+        if summary.get("model") is None:
+            _asked_model(summary)
         summary["status"] = event.status
         summary["error_code"] = event.code
         summary["error_type"] = event.error_type
@@ -104,6 +121,32 @@ def _apply_block(summary: dict[str, Any], event: Block) -> None:
         usage = (payload.get("message") or {}).get("usage") or {}
         if usage.get("input_tokens") is not None:
             summary["input_tokens"] = usage["input_tokens"]
+        _apply_usage(summary, {k: v for k, v in usage.items() if k != "output_tokens"})
+
+
+def _asked_model(summary: dict[str, Any]) -> None:
+    """A request refused before it was validated (admission, authentication, a bad body)
+    still names the model its body asked for, when the body says one."""
+    body = summary.get("_body")
+    if not body:
+        return
+    try:
+        model = orjson.loads(body).get("model")
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return
+    if isinstance(model, str) and model:
+        summary["model"] = model
+
+
+def price(summary: dict[str, Any], table: PriceTable) -> None:
+    """Set `cost_usd` of a completed request by `table` (NULL when its model has no price)."""
+    usage = {
+        "input_tokens": summary.get("input_tokens"),
+        "output_tokens": summary.get("output_tokens"),
+        "cache_read_input_tokens": summary.get("_cache_read"),
+        "cache_creation_input_tokens": summary.get("_cache_write"),
+    }
+    summary["cost_usd"] = table.cost(summary.get("model"), usage)
 
 
 def _first_event(summary: dict[str, Any], event: Event) -> None:
@@ -117,6 +160,9 @@ def _apply_usage(summary: dict[str, Any], usage: dict[str, Any] | None) -> None:
     for key in ("input_tokens", "output_tokens"):
         if usage.get(key) is not None:
             summary[key] = usage[key]
+    for key, name in (("cache_read_input_tokens", "_cache_read"), ("cache_creation_input_tokens", "_cache_write")):
+        if usage.get(key) is not None:
+            summary[name] = usage[key]
 
 
 def _header(headers: dict[str, str], name: str) -> str | None:

@@ -82,6 +82,7 @@ from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event
+from journal.prices import PriceTable
 from journal.redact import redacted, redacted_body
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,7 @@ class JournalWriter:
         recover: bool = False,
         drop_log_interval_s: float = 10.0,
         secret: bytes | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
@@ -243,7 +245,9 @@ class JournalWriter:
         `interrupted` (`journal.recovery`; one process of those sharing a file does it).
         `drop_log_interval_s`: while events are dropped, at most one log line per interval
         says how many were since the last one. `secret`: what the fingerprints of redacted
-        secrets are keyed with (`journal.redact`; None: bare SHA-256)."""
+        secrets are keyed with (`journal.redact`; None: bare SHA-256). `prices`: the operator's
+        price table (`journal.prices`); a completed request of a model it prices gets its
+        `cost_usd` in the fold that completes it."""
         if max_batch < 1 or queue_size < 1 or max_held < 2:
             raise ValueError("queue_size and max_batch must be positive, max_held at least 2")
         queue_size = min(queue_size, max_held // 2)
@@ -254,6 +258,7 @@ class JournalWriter:
             raise ValueError("retention_interval_s and retry_interval_s must be positive")
         self.path = os.fspath(path)
         self._bodies = BodyFilter(bodies)
+        self._prices = prices
         self._retention = retention if retention is not None and retention != (None, None) else None
         self._retention_interval = retention_interval_s
         self._retention_task: asyncio.Task[None] | None = None
@@ -759,6 +764,7 @@ class JournalWriter:
         touched: dict[str, dict[str, Any]] = {}
         finished: list[str] = []
         body_filter = self._bodies
+        prices = self._prices
         runs: dict[str, list[tuple[int, Event]]] = {}
         for request_id, seq, event in events:
             try:
@@ -771,6 +777,8 @@ class JournalWriter:
                 if row is None:
                     row = {"bodies": body_filter.mode}
                 summary.apply(row, request_id, event)
+                if prices is not None and event.kind == "completed":
+                    summary.price(row, prices)
             except Exception:
                 self._events_refused += 1
                 log.exception("journal: cannot capture or serialize %s event of %s", event.kind, request_id)

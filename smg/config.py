@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from journal.prices import PriceTable
 from smg.backends.grpc.config import EngineConfig
 from smg.fetch.config import FetchConfig
 from smg.flags import option
@@ -210,6 +211,7 @@ class GatewayConfig:
         ),
     )
     journal_buffer: JournalBufferConfig = field(default_factory=JournalBufferConfig)
+    prices: PriceTable | None = None  # --price-table (smg.spend): each completed request's cost
     max_payload_size: int = field(
         default=536_870_912, metadata=option("--max-payload-size", "Largest request body, in bytes.")
     )

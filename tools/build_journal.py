@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 
 from journal.events import Block, Completed, Error, Event, Received, Routed, Upstream, Validated
+from journal.prices import PriceTable
 from journal.writer import JournalWriter
 
 MODELS = ("claude-sonnet-4", "claude-haiku-4", "qwen3-8b")
@@ -144,9 +145,10 @@ def requests(traffic: Traffic) -> Iterator[tuple[str, list[Event]]]:
 _FLUSH_EVERY = 16384  # events: a quarter of the queue
 
 
-async def build(path: str | Path, traffic: Traffic) -> int:
-    """Write `traffic` to a journal at `path` through the writer; returns the events written."""
-    writer = JournalWriter(path, queue_size=65536, max_batch=8192)
+async def build(path: str | Path, traffic: Traffic, prices: PriceTable | None = None) -> int:
+    """Write `traffic` to a journal at `path` through the writer (pricing its requests by
+    `prices`, if given); returns the events written."""
+    writer = JournalWriter(path, queue_size=65536, max_batch=8192, prices=prices)
     await writer.start()
     try:
         appended = 0

@@ -111,10 +111,14 @@ def ahead(today: date | None = None) -> list[date]:
 def drop_before(conn: psycopg.Connection[Any], cutoff: date) -> list[date]:
     """Drop every day older than `cutoff` (its partitions of every table, with all their rows),
     in one transaction; the days dropped. This is the fleet journal's retention: no row is
-    deleted one by one."""
+    deleted one by one. The rollup rows of those days go in the same transaction
+    (`journal.pg.rollups`: dropping a table fires no trigger)."""
     dropped: list[date] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+        found = conn.execute("SELECT to_regclass('rollups') IS NOT NULL").fetchone()
+        if found and found[0]:
+            conn.execute("DELETE FROM rollups WHERE day < %s", (cutoff,))
         have = existing(conn)
         old = sorted({day for table_days in have.values() for day in table_days if day < cutoff})
         for day in old:

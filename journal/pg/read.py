@@ -22,10 +22,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from journal import groups, packed, schema, search, stats
+from journal import groups, packed, rollup_stats, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
 from journal.pg import schema as pg_schema
-from journal.pg.query import _FAILED, compile_query, text_only
+from journal.pg.query import _FAILED, _PgCompiler, compile_query, text_only
+from journal.query import RollupPlan, rollup_plan
 from journal.reader import AmbiguousRequestId, JournalError, JournalNotFound
 from journal.store import REPLICA, shown
 
@@ -89,6 +90,8 @@ class PgFollower:
 class PostgresReader:
     """Read-only access to the fleet journal at a `postgresql://` URL (see the module docstring)."""
 
+    stats_source = ""
+
     def __init__(self, url: str) -> None:
         self.url = url
         self._shown = shown(url)
@@ -108,6 +111,13 @@ class PostgresReader:
             raise JournalNotFound(f"{self._shown} has no smg journal schema (create it with `smg journal-sink init`)")
         self.version = version
         self._known = frozenset(event_kinds())
+        # A database an older smg migrated (before v3) has no cost column and no rollups yet.
+        self._cost = "cost_usd" if version >= 3 else "NULL::float8"
+        self._select = _SELECT if version >= 3 else _SELECT.replace("cost_usd", "NULL::float8 AS cost_usd", 1)
+        self.rollups = version >= 3
+        """Whether the fleet journal keeps rollups (`journal.pg.rollups`)."""
+        self.exact_up_to = rollup_stats.EXACT_UP_TO
+        """`stats` scans a selection the rollups count at most this many requests of (exact percentiles)."""
 
     # -- the store --------------------------------------------------------------------------
 
@@ -186,7 +196,9 @@ class PostgresReader:
         direction = "DESC NULLS LAST" if descending else "ASC NULLS FIRST"
         keys = [order] if order == "ts" else [order, "ts"]
         order_by = ", ".join(f"{_sortable(key)} {direction}" for key in [*keys, "replica", "local_rk"])
-        rows = self._rows(f"{_SELECT} WHERE {where} ORDER BY {order_by} LIMIT %s OFFSET %s", [*params, limit, offset])
+        rows = self._rows(
+            f"{self._select} WHERE {where} ORDER BY {order_by} LIMIT %s OFFSET %s", [*params, limit, offset]
+        )
         return [_row(r) for r in rows]
 
     def list_after(self, limit: int, *, query: str = "", after: int = 0) -> list[tuple[int, dict[str, Any]]]:
@@ -208,19 +220,19 @@ class PostgresReader:
         """As `JournalReader.get_request`: the gateway's id, else a client's id one request
         has, else a unique prefix of the gateway's id; across every replica."""
         order = 'ORDER BY ts NULLS FIRST, replica COLLATE "C", local_rk'
-        rows = self._rows(f"{_SELECT} WHERE id = %s {order} LIMIT 1", (id_or_prefix,))
+        rows = self._rows(f"{self._select} WHERE id = %s {order} LIMIT 1", (id_or_prefix,))
         if rows:
             return _row(rows[0])
         if not id_or_prefix:
             return None
-        rows = self._rows(f"{_SELECT} WHERE client_id = %s {order} LIMIT 11", (id_or_prefix,))
+        rows = self._rows(f"{self._select} WHERE client_id = %s {order} LIMIT 11", (id_or_prefix,))
         if len(rows) > 1:
             raise AmbiguousRequestId(id_or_prefix, [r[0] for r in rows], client_id=True)
         if rows:
             return _row(rows[0])
         prefix = id_or_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._rows(
-            f'{_SELECT} WHERE id LIKE %s ESCAPE \'\\\' ORDER BY id COLLATE "C", replica COLLATE "C" LIMIT 11',
+            f'{self._select} WHERE id LIKE %s ESCAPE \'\\\' ORDER BY id COLLATE "C", replica COLLATE "C" LIMIT 11',
             (prefix,),
         )
         if len(rows) > 1:
@@ -279,13 +291,18 @@ class PostgresReader:
     # -- statistics -------------------------------------------------------------------------
 
     def stats(self, query: str = "") -> dict[str, Any]:
-        """`journal.stats.compute` of the requests `query` selects, read in PostgreSQL."""
+        """`journal.stats.compute` of the requests `query` selects, read in PostgreSQL: from the
+        rollups as on a file (`journal.reader.JournalReader.stats`)."""
+        plan = self._plan(query)
+        if plan is not None:
+            out, scanned = rollup_stats.stats(self._rows, plan, rollup_stats.POSTGRES)
+            return {**out, "source": "rollups", "scanned": scanned}
         where, params = self.compile(query)
         totals = self._rows(
             f"SELECT count(*), COALESCE(sum(completed), 0), count(*) FILTER (WHERE {_FAILED}), min(ts), max(ts),"
             " COALESCE(sum(input_tokens), 0), COALESCE(sum(output_tokens), 0),"
-            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0)"
-            f" FROM requests WHERE {where}",
+            f" count(*) FILTER (WHERE {_RATED}), COALESCE(sum(output_tokens) FILTER (WHERE {_RATED}), 0),"
+            f" COALESCE(sum({self._cost}), 0), count({self._cost}) FROM requests WHERE {where}",
             params,
         )[0]
         totals = tuple(float(v) if v is not None and not isinstance(v, int | float) else v for v in totals)
@@ -297,22 +314,43 @@ class PostgresReader:
             f" FROM requests WHERE {where}",
             params,
         )
-        return stats.summarize(totals, rows)
+        out = stats.summarize(totals, rows)
+        return {**out, "source": "scan", "scanned": out["requests"]}
 
     def group_stats(self, query: str = "", *, by: str | None = None, every: int | None = None) -> list[dict[str, Any]]:
         """`journal.groups.compute` of the requests `query` selects, read in PostgreSQL."""
         if by is not None and by not in groups.GROUPS:
             raise ValueError(f"cannot group by {by!r}; choose one of {', '.join(groups.GROUPS)}")
+        plan = self._plan(query)
+        if plan is not None:
+            column = groups.GROUPS.get(by) if by is not None else None
+            answered = rollup_stats.groups(self._rows, plan, rollup_stats.POSTGRES, column=column, every=every)
+            if answered is not None:
+                rows, scanned = answered
+                self.stats_source = f"from rollups (and {scanned} requests read)" if scanned else "from rollups"
+                return rows
         where, params = self.compile(query)
         group = groups.GROUPS[by] if by is not None else "NULL"
         bucket = f"(floor(ts / {int(every)}) * {int(every)})::bigint" if every else "NULL"
-        return groups.aggregate(
+        out = groups.aggregate(
             self._rows(
-                f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens"
-                f" FROM requests WHERE {where}",
+                f"SELECT {group}, {bucket}, {_FAILED}, hung_up, duration_ms, ttfe_ms, input_tokens, output_tokens,"
+                f" {self._cost} FROM requests WHERE {where}",
                 params,
             )
         )
+        self.stats_source = f"scanned {sum(r['requests'] for r in out)} requests"
+        return out
+
+    def _plan(self, query: str) -> RollupPlan | None:
+        """The rollup plan of `query` when the rollups should answer it (None: scan)."""
+        self.compile(query)
+        if not self.rollups:
+            return None
+        plan = rollup_plan(query, compiler_type=_PgCompiler)
+        if plan is None or rollup_stats.counted(self._rows, plan, rollup_stats.POSTGRES) <= self.exact_up_to:
+            return None
+        return plan
 
     def thread_ids(self, thread_key: str, limit: int) -> list[str]:
         rows = self._rows(

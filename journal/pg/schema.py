@@ -7,7 +7,8 @@ replicas starting at once migrate once. Add a step by appending it; never edit o
 shipped. Version 1 creates the partitioned `requests` and `events`, their indexes,
 `replicas` and `schema_migrations`; version 2 adds the full-text search (`request_text`, the
 `unaccent` extension, `smg_text_vector`/`smg_text_query`), filled in for the requests already
-shipped by folding their events through `journal.search`, as the local journal's v5 did.
+shipped by folding their events through `journal.search`, as the local journal's v5 did;
+version 3 adds `cost_usd` and the rollups (`journal.pg.rollups`), as the local journal's v7.
 
 Who migrates: `smg launch --journal-sink` upgrades an older smg schema at start (like the local
 file), and refuses a database that has none (`SchemaMissing`): creating the schema is an
@@ -25,7 +26,7 @@ import psycopg
 
 from journal import packed, search
 from journal.events import event_from_dict
-from journal.pg import partitions
+from journal.pg import partitions, rollups
 
 Migration = Callable[[psycopg.Connection[Any]], None]
 _LOCK = 0x534D474D  # advisory lock key ("SMGM") held while migrating
@@ -35,7 +36,7 @@ INTEGER_COLUMNS = frozenset(
     | {"turns", *search.FLAGS}
 )
 """Summary columns that hold integers (the flags 0/1); every other is text, or `REAL_COLUMNS`."""
-REAL_COLUMNS = frozenset({"ts", "ttfe_ms", "duration_ms"})
+REAL_COLUMNS = frozenset({"ts", "ttfe_ms", "duration_ms", "cost_usd"})
 """Summary columns that hold `double precision`."""
 
 
@@ -218,9 +219,13 @@ def _backfill_text(conn: psycopg.Connection[Any]) -> None:
             cur.executemany("INSERT INTO request_text (day, rk, body) VALUES (%s, %s, %s)", texts)
 
 
-MIGRATIONS: list[Migration] = [_v1, _v2]
+MIGRATIONS: list[Migration] = [_v1, _v2, rollups.migrate]
 SCHEMA_VERSION = len(MIGRATIONS)
-_DESCRIPTIONS = ("requests, events and replicas, partitioned by day", "full-text search (request_text)")
+_DESCRIPTIONS = (
+    "requests, events and replicas, partitioned by day",
+    "full-text search (request_text)",
+    "cost_usd and the rollups (journal.pg.rollups)",
+)
 
 
 def version(conn: psycopg.Connection[Any]) -> int:

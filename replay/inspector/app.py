@@ -841,20 +841,21 @@ class InspectorApp(App[None]):
         self.run_worker(self._show_stats(self.source.query), group="stats", exclusive=True)
 
     async def _show_stats(self, query: str) -> None:
-        def load() -> list[tuple[str, list[dict[str, Any]]]]:
+        # The breakdowns the rollups keep (`journal.rollups`): read from them, not from every request.
+        def load() -> tuple[list[tuple[str, list[dict[str, Any]]]], str]:
             with open_journal(self.journal_path) as reader:
-                return [
-                    (by, reader.group_stats(query, by=by)[:20]) for by in ("model", "tenant", "key", "user", "worker")
-                ]
+                tables = [(by, reader.group_stats(query, by=by)[:20]) for by in ("model", "tenant", "key", "worker")]
+                return tables, reader.stats_source
 
         try:
-            tables = await asyncio.to_thread(load)
+            tables, source = await asyncio.to_thread(load)
         except (sqlite3.Error, JournalError, QueryError) as exc:
             self.notify(f"cannot compute statistics: {exc}", severity="error")
             return
         parts: list[RenderableType] = []
         for by, rows in tables:
             parts += [Text(f"by {by}", style="bold"), render.stats_view(rows, by)]
+        parts.append(Text(source, style="dim"))
         body = Group(*parts)
         where = f" matching {query!r}" if query else ""
         await self.push_screen(TextModal(f"statistics of the requests{where}", body, id="stats"))

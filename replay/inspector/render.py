@@ -35,12 +35,13 @@ LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tokens", "in/out"),
     ("ttfe", "ttfe"),
     ("duration", "duration"),
+    ("cost", "cost $"),
 )
 """(column key, header) of the request list (`replica` only over the fleet journal)."""
 
 COLUMN_PRIORITY: tuple[str, ...] = (
     "status", "id", "flags", "model", "duration", "replica", "time", "code", "stop", "tokens", "ttfe", "tenant",
-    "backend",
+    "backend", "cost",
 )  # fmt: skip
 """The list's columns, most important first: a narrow terminal drops them from the end."""
 COLUMN_WIDTHS: dict[str, int] = {
@@ -57,6 +58,7 @@ COLUMN_WIDTHS: dict[str, int] = {
     "tokens": 9,
     "ttfe": 8,
     "duration": 9,
+    "cost": 9,
 }
 """About how wide each column's cells are, for choosing the columns that fit."""
 
@@ -118,6 +120,7 @@ def list_cells(row: dict[str, Any], keys: list[str] | None = None) -> list[Any]:
         "tokens": lambda: Text(tokens(row), justify="right"),
         "ttfe": lambda: Text(ms(row.get("ttfe_ms")), justify="right"),
         "duration": lambda: Text(ms(row.get("duration_ms")), justify="right"),
+        "cost": lambda: Text(dollars(row.get("cost_usd")), justify="right"),
     }
     return [cells[key]() for key in (keys if keys is not None else [k for k, _ in LIST_COLUMNS])]
 
@@ -343,11 +346,16 @@ def thread_view(turns: list[Any], current: str) -> RenderableType:
     return table
 
 
+def dollars(cost: Any) -> str:
+    """A cost cell: dollars to four places (a cent is 0.0100), empty for a request with no price."""
+    return f"{cost:.4f}" if isinstance(cost, int | float) else ""
+
+
 def stats_view(rows: list[dict[str, Any]], by: str) -> RenderableType:
     """`journal.groups.compute` rows (per group, no buckets) as a table."""
     table = Table(show_edge=False, pad_edge=False)
     table.add_column(by, no_wrap=True)
-    for name in ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "out"):
+    for name in ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "out", "cost $"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         lat, ttft = row["latency_ms"], row["ttft_ms"]
@@ -362,5 +370,6 @@ def stats_view(rows: list[dict[str, Any]], by: str) -> RenderableType:
             ms(ttft["p50"]),
             ms(ttft["p99"]),
             str(row["tokens_out"]),
+            dollars(row.get("cost_usd")),
         )
     return table

@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from journal import export as exporting
-from journal import groups, otlp, threads, waterfall
+from journal import groups, otlp, sketch, threads, waterfall
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
 from journal.query import QueryError, compile_query
 from journal.reader import JournalError, JournalNotFound
@@ -469,14 +469,17 @@ def stats(
                 overall = rows if by is None else reader.group_stats(query, every=width)
                 points = groups.series(overall, plot)
             where = reader.location
+            source = reader.stats_source
         if as_json:
-            _echo_json({"by": by, "every_s": width, "rows": rows, **({"plot": plot, "series": points} if plot else {})})
+            extra = {"plot": plot, "series": points} if plot else {}
+            _echo_json({"by": by, "every_s": width, "rows": rows, "source": source, **extra})
             return
         console = Console()
         if plot:
             console.print(_plot(points, plot, width or 60, query))
         else:
             console.print(_groups_table(rows, by, width, query, where))
+        console.print(Text(source, style="dim"))
         return
     with _open(journal) as reader:
         numbers = reader.stats(query)
@@ -708,7 +711,20 @@ def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
         f"input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall",
         f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)",
     )
-    return Group(head, counts, latency, tokens)
+    spend = numbers.get("cost_usd") or {}
+    parts: list[Any] = [head, counts, latency, tokens]
+    if spend.get("priced_requests"):
+        parts.append(
+            Text.assemble(("cost ", "bold"), f"${spend['total']:.4f} ({spend['priced_requests']} priced requests)")
+        )
+    source = numbers.get("source")
+    if source == "rollups":
+        read = f" and {numbers['scanned']} requests read" if numbers.get("scanned") else ""
+        note = f"from rollups{read}; percentiles within {sketch.RELATIVE_ERROR:.1%}"
+        parts.append(Text(note, style="dim"))
+    elif source == "scan":
+        parts.append(Text(f"scanned {numbers['scanned']} requests", style="dim"))
+    return Group(*parts)
 
 
 _EMPTY_GROUP: dict[str, Any] = {
@@ -722,6 +738,7 @@ _EMPTY_GROUP: dict[str, Any] = {
     "ttft_ms": {"count": 0, "p50": None, "p90": None, "p99": None},
     "tokens_in": 0,
     "tokens_out": 0,
+    "cost_usd": None,
 }
 
 
@@ -739,7 +756,9 @@ def _groups_table(rows: list[dict[str, Any]], by: str | None, width: int | None,
         table.add_column("time", no_wrap=True)
     if by:
         table.add_column(by, no_wrap=True)
-    for name in ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "in", "out"):
+    priced = any(row.get("cost_usd") is not None for row in rows)
+    names = ("requests", "errors", "err %", "hung up", "p50 ms", "p99 ms", "ttft p50", "ttft p99", "in", "out")
+    for name in (*names, "cost $") if priced else names:
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         lat, ttft = row["latency_ms"], row["ttft_ms"]
@@ -757,6 +776,8 @@ def _groups_table(rows: list[dict[str, Any]], by: str | None, width: int | None,
             str(row["tokens_in"]),
             str(row["tokens_out"]),
         ]
+        if priced:
+            cells.append("-" if row.get("cost_usd") is None else f"{row['cost_usd']:.4f}")
         table.add_row(*cells)
     return table
 

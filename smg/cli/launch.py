@@ -315,6 +315,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             max_held=config.journal_buffer.journal_max_held,
             recover=retention,
             secret=load_tenant_secret(config.journal_path),
+            prices=config.prices,
         )
         if config.journal_path
         else NullJournal()

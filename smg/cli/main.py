@@ -27,6 +27,7 @@ from smg.routing.retry import RetryConfig
 from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 from smg.shared.link import SharedStateConfig
+from smg.spend import SpendConfig
 
 # `journal`, `engine`, `journal-sink`, `replay` and `inspect` are imported when named (`smg.cli.lazy`).
 app = lazy.root()
@@ -56,6 +57,7 @@ _COMPONENTS = (
     MediaConfig,
     SinkConfig,
     JournalBufferConfig,
+    SpendConfig,
 )
 # Every `smg launch` setting, declared on the settings it fills: the gateway's own, the launching
 # process's, then the components'.
@@ -157,6 +159,7 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
                 shared=build_component(SharedStateConfig, flags),
             )
             journal_buffer = build_component(JournalBufferConfig, flags)
+            prices = build_component(SpendConfig, flags).load()
             observability.check()
             fetch = build_component(FetchConfig, flags)
             fetch.policy()
@@ -173,6 +176,7 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
             fetch=fetch,
             media=media,
             journal_buffer=journal_buffer,
+            prices=prices,
         )
         from smg import journal_sink
 

@@ -554,6 +554,7 @@ async def test_t_shows_the_conversation_and_s_the_stats(tmp_path: Path) -> None:
         await settle(app, pilot)
         assert isinstance(app.screen, TextModal) and app.screen.id == "stats"
         assert "by model" in static_text(app, "#modal-body") and "claude-relay" in static_text(app, "#modal-body")
+        assert "scanned 2 requests" in static_text(app, "#modal-body")  # too few for the rollups: exact
 
 
 async def test_a_search_can_be_cancelled(tmp_path: Path) -> None:

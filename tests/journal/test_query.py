@@ -146,6 +146,7 @@ NUMBER_COLUMNS = {
     "in": "input_tokens",
     "out": "output_tokens",
     "turns": "turns",
+    "cost": "cost_usd",
 }
 UNITS = {"": 1.0, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
 AGO = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -165,7 +166,7 @@ def compare(left: float, op: str, right: float) -> bool:
 
 
 def number_of(field: str, value: str) -> float:
-    match = re.fullmatch(r"([\d.]+)([a-zA-Z]*)", value)
+    match = re.fullmatch(r"([\d.]+)([a-zA-Z]*)", value.removeprefix("$"))
     assert match
     number, unit = float(match.group(1)), match.group(2)
     if field in ("ttft", "ttfe", "dur"):
@@ -389,6 +390,7 @@ def rows(draw: st.DrawFn) -> list[Row]:
             "turns": draw(st.sampled_from([None, 0, 1, 3, 12])),
             "hung_up": draw(st.sampled_from([0, 1])),
             "cut_mid_stream": draw(st.sampled_from([0, 1])),
+            "cost_usd": draw(st.sampled_from([None, 0.0, 0.004, 1.25])),
         }
         events = [
             (
@@ -440,6 +442,9 @@ def term(draw: st.DrawFn) -> Term:
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field == "turns":
             value = draw(st.sampled_from(["0", "1", "3", "12"]))
+            op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
+        elif field == "cost":
+            value = draw(st.sampled_from(["0", "0.004", "$1", "1.25", "$0.5", "2"]))
             op = draw(st.sampled_from(["", "=", "!=", ">", ">=", "<", "<="]))
         elif field in ("in", "out"):
             value = draw(st.sampled_from(["0", "1", "999", "1000", "1k", "1.5k", "12k", "12000"]))

@@ -15,12 +15,12 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 6
+        assert schema.SCHEMA_VERSION == 7
         assert schema.schema_version(conn) == len(schema.MIGRATIONS)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"events", "requests", "request_text"} <= tables
+        assert {"events", "requests", "request_text", "rollups", "rollup_sketch"} <= tables
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {
             "requests_ts",
@@ -39,6 +39,9 @@ def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
             "requests_thread_key_bucket",
             "requests_hung_up_ts",
             "requests_cut_mid_stream_ts",
+            "requests_in_flight",
+            "rollups_key",
+            "rollups_ts",
         } <= indexes
         assert not {"requests_model", "requests_status", "requests_error_code"} & indexes  # replaced in v2
         assert not {"requests_duration_ms", "requests_ttfe_ms", "requests_trace_id_ts"} & indexes  # gone in v6
@@ -290,7 +293,7 @@ def test_a_version_five_journal_keeps_its_rows_and_gets_partial_indexes(tmp_path
     schema.connect(path).close()
     conn = sqlite3.connect(path)
     try:
-        assert schema.schema_version(conn) == 6
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
         sql = {r[0]: r[1] for r in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")}
         assert "requests_duration_ms" not in sql and "requests_ttfe_ms" not in sql
         for name, columns in schema.PARTIAL_INDEXES.items():

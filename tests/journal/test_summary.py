@@ -187,3 +187,35 @@ def test_describe_every_kind() -> None:
     assert "attempt=2" in describe(samples[3])
     assert describe(samples[12]).startswith("round 2 stream +1 messages")
     assert "calls=a,b" in describe(samples[13]) and "DENIED" in describe(samples[14])
+
+
+def test_a_stream_cut_before_its_usage_keeps_its_prompt_tokens() -> None:
+    row: dict[str, Any] = {}
+    for event in (
+        Received(method="POST", path="/v1/messages", body='{"model": "m"}', ts=1.0),
+        Validated(model="m", stream=True, t=0.001),
+        Rendered(prompt_tokens=42, prompt_digest="d", t=0.002),
+        Completed(status=200, duration_ms=5.0, disconnected=True, t=0.005),
+    ):
+        apply(row, "r", event)
+    assert row["input_tokens"] == 42
+
+
+def test_usage_that_comes_wins_over_the_rendered_count_and_cache_tokens_are_priced() -> None:
+    from journal.prices import parse
+    from journal.summary import price
+
+    row: dict[str, Any] = {}
+    usage = {"input_tokens": 40, "output_tokens": 7, "cache_creation_input_tokens": 1000}
+    for event in (
+        Received(method="POST", path="/v1/messages", body="{}", ts=1.0),
+        Routed(backend="grpc", worker="w", model="claude-x", t=0.001),
+        Rendered(prompt_tokens=1040, prompt_digest="d", t=0.002),
+        Completed(status=200, duration_ms=5.0, usage=usage, t=0.005),
+    ):
+        apply(row, "r", event)
+    assert (row["input_tokens"], row["output_tokens"]) == (40, 7)
+    price(row, parse({"models": {"claude-*": {"input": 1.0, "output": 2.0, "cache_write": 10.0}}}))
+    assert row["cost_usd"] == (40 * 1.0 + 7 * 2.0 + 1000 * 10.0) / 1_000_000
+    price(row, parse({"models": {"other": {"input": 1.0}}}))
+    assert row["cost_usd"] is None

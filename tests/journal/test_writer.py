@@ -161,6 +161,7 @@ async def test_round_trip_events_and_summary(tmp_path: Path) -> None:
         "turns": 0,
         "hung_up": False,
         "cut_mid_stream": False,
+        "cost_usd": None,  # no price table
         "replica": None,  # a local file names no replica
     }
 

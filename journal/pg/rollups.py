@@ -1,0 +1,156 @@
+"""The fleet journal's rollups: `journal.rollups` in PostgreSQL, part of the store's schema.
+
+Same rows as the local file's (one per minute, hour and day of arrival and combination of
+`journal.rollups.DIMENSIONS`, with the same sums, and the same log-scale latency sketches in
+`rollup_sketch`), plus the partition `day` of their requests. A row trigger on `requests`
+(cloned onto every day partition) counts a row that is completed when it is inserted, moves
+one when it is updated (the shipper's upsert of a request whose summary changed after it
+shipped: its old row is taken out and its new one counted, never both kept) and takes out one
+that is deleted (retention's trim of the boundary day). A resent batch changes no row, so it
+fires nothing. Dropping a day's partitions (retention, `journal.pg.partitions.drop_before`)
+deletes that day's rollup rows in the same transaction: a trigger does not see a dropped table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from journal import rollups as local
+from journal import sketch
+
+TABLE = local.TABLE
+SKETCH_TABLE = local.SKETCH_TABLE
+_KEY = ("day", "grain", "ts", *local.DIMENSIONS)
+_GRAINS = f"(VALUES {', '.join(f'({g})' for g in local.GRAINS)}) AS g (grain)"
+_INTEGER = {"status", "stream", "hung_up", "cut_mid_stream"}
+_REAL = {"cost_usd", "duration_sum", "ttfe_sum", "rated_ms"}
+_MEASURES = local._MEASURES  # noqa: SLF001 (the same sums, by name)
+
+
+def _bucket(value: str) -> str:
+    return (
+        f"CASE WHEN {value} IS NULL THEN NULL WHEN {value} > 0"
+        f" THEN floor(ln({value}) / ln(2.0) * {sketch.PER_OCTAVE})::bigint ELSE {sketch.ZERO} END"
+    )
+
+
+# An arrival no calendar holds (a local file keeps what it was sent) has no time bucket, rather
+# than failing the shipment of its batch on an integer out of range.
+_MINUTE = "CASE WHEN abs(r.ts) < 1e15 THEN (floor(r.ts / g.grain) * g.grain)::bigint END"
+_RATED = "(r.output_tokens IS NOT NULL AND r.duration_ms IS NOT NULL AND r.duration_ms > 0)"
+_RATE = f"CASE WHEN {_RATED} THEN r.output_tokens * 1000.0 / r.duration_ms END"
+_VALUES = ", ".join(
+    [
+        "r.day",
+        "g.grain",
+        _MINUTE,
+        *(f"r.{c}" for c in local.DIMENSIONS),
+        "sign",
+        "sign * COALESCE(r.input_tokens, 0)",
+        "sign * COALESCE(r.output_tokens, 0)",
+        "sign * COALESCE(r.cost_usd, 0)",
+        "sign * (r.cost_usd IS NOT NULL)::int",
+        "sign * (r.duration_ms IS NOT NULL)::int",
+        "sign * COALESCE(r.duration_ms, 0)",
+        "sign * (r.ttfe_ms IS NOT NULL)::int",
+        "sign * COALESCE(r.ttfe_ms, 0)",
+        f"sign * ({_RATED})::int",
+        f"sign * CASE WHEN {_RATED} THEN r.output_tokens ELSE 0 END",
+        f"sign * CASE WHEN {_RATED} THEN r.duration_ms ELSE 0 END",
+        "r.ts",
+        "r.ts",
+        "r.duration_ms",
+        "r.ttfe_ms",
+    ]
+)
+_COLUMNS = ", ".join((*_KEY, *_MEASURES, "first_ts", "last_ts", "duration_max", "ttfe_max"))
+_MERGE = ", ".join(
+    [
+        *(f"{m} = {TABLE}.{m} + excluded.{m}" for m in _MEASURES),
+        f"first_ts = LEAST({TABLE}.first_ts, excluded.first_ts)",
+        *(f"{m} = GREATEST({TABLE}.{m}, excluded.{m})" for m in ("last_ts", "duration_max", "ttfe_max")),
+    ]
+)
+
+_DDL = (
+    "ALTER TABLE requests ADD COLUMN cost_usd double precision",
+    f"""CREATE TABLE {TABLE} (
+        rid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        day date NOT NULL,
+        grain integer NOT NULL,
+        ts bigint,
+        {", ".join(f"{c} {'bigint' if c in _INTEGER else 'text'}" for c in local.DIMENSIONS)},
+        {", ".join(f"{m} {'double precision' if m in _REAL else 'bigint'} NOT NULL DEFAULT 0" for m in _MEASURES)},
+        first_ts double precision, last_ts double precision,
+        duration_max double precision, ttfe_max double precision
+    )""",
+    f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({', '.join(_KEY)}) NULLS NOT DISTINCT",
+    f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)",
+    f"CREATE TABLE {SKETCH_TABLE} (rid bigint NOT NULL REFERENCES {TABLE} ON DELETE CASCADE,"
+    " metric smallint NOT NULL, bucket bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (rid, metric, bucket))",
+    f"""CREATE FUNCTION smg_rollup_count(r requests, sign integer) RETURNS void LANGUAGE sql AS $$
+        WITH k AS (
+            INSERT INTO {TABLE} ({_COLUMNS}) SELECT {_VALUES} FROM {_GRAINS}
+            ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}
+            RETURNING rid
+        )
+        INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
+        SELECT k.rid, v.metric, v.bucket, sign FROM k,
+            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
+            AS v (metric, bucket)
+        WHERE v.bucket IS NOT NULL
+        ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = {SKETCH_TABLE}.n + excluded.n
+    $$""",
+    """CREATE FUNCTION smg_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP <> 'INSERT' AND OLD.completed = 1 THEN
+            PERFORM smg_rollup_count(OLD, -1);
+        END IF;
+        IF TG_OP <> 'DELETE' AND NEW.completed = 1 THEN
+            PERFORM smg_rollup_count(NEW, 1);
+        END IF;
+        RETURN NULL;
+    END $$""",
+)
+_TRIGGER = (
+    "CREATE TRIGGER requests_rollup AFTER INSERT OR UPDATE OR DELETE ON requests"
+    " FOR EACH ROW EXECUTE FUNCTION smg_rollup()"
+)
+
+_R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
+_BACKFILL = (
+    f"""INSERT INTO {TABLE} ({_COLUMNS})
+    SELECT r.day, g.grain, {_MINUTE}, {_R_DIMS}, count(*),
+        COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0), COALESCE(sum(r.cost_usd), 0),
+        count(r.cost_usd), count(r.duration_ms), COALESCE(sum(r.duration_ms), 0), count(r.ttfe_ms),
+        COALESCE(sum(r.ttfe_ms), 0), count(*) FILTER (WHERE {_RATED}),
+        COALESCE(sum(r.output_tokens) FILTER (WHERE {_RATED}), 0),
+        COALESCE(sum(r.duration_ms) FILTER (WHERE {_RATED}), 0),
+        min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
+    FROM requests r CROSS JOIN {_GRAINS} WHERE r.completed = 1 GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}""",
+    # Grouped first, then joined to the rollup rows on (day, minute), which a hash join can
+    # use; the other dimensions, NULL for some, are compared after.
+    f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
+    SELECT k.rid, v.metric, v.bucket, v.n FROM (
+        SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket,
+            count(*) AS n
+        FROM requests r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
+            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
+            AS m (metric, bucket)
+        WHERE r.completed = 1 AND m.bucket IS NOT NULL
+        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
+    ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
+        AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})""",
+)
+
+
+def migrate(conn: psycopg.Connection[Any]) -> None:
+    """Schema v3: `cost_usd`, the rollup tables, their trigger, and the completed requests
+    already shipped counted once."""
+    for statement in _DDL:
+        conn.execute(statement)  # built from constants
+    for statement in _BACKFILL:
+        conn.execute(statement)
+    conn.execute(_TRIGGER)

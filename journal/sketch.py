@@ -1,0 +1,70 @@
+"""A latency sketch that merges by addition: counts per fixed log-scale bucket.
+
+A positive value `v` falls in bucket `floor(log2(v) * 16)`; zero and negative values in
+`ZERO`. Every bucket spans a factor of 2^(1/16) (about 4.4 %), and it is read back as its
+geometric middle, so a value read from the sketch is within `RELATIVE_ERROR` (2.2 %) of one of
+the values that fell in its bucket. The buckets are the same everywhere (no parameters, no
+resizing), so the sketch of a union is the bucket-wise sum of the sketches: that is what lets
+the rollups (`journal.rollups`) keep one per minute and group and answer any range by adding.
+
+The bucket is computed by SQLite (`BUCKET_SQL`, in the rollups' triggers) and by Python
+(`bucket`, for the requests a rollup query reads from the summary table) with the same C `log2`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+PER_OCTAVE = 16
+ZERO = -(1 << 20)
+"""The bucket of zero and negative values (read back as 0)."""
+RELATIVE_ERROR = 2 ** (1 / (2 * PER_OCTAVE)) - 1
+"""The most a value read from the sketch differs from a value in its bucket, relatively."""
+
+
+def bucket_sql(value: str) -> str:
+    """SQL for the bucket of the numeric expression `value` (NULL when it is not a number)."""
+    return (
+        f"CASE WHEN typeof({value}) NOT IN ('integer', 'real') THEN NULL WHEN {value} > 0"
+        f" THEN CAST(floor(log2({value}) * {PER_OCTAVE}) AS INTEGER) ELSE {ZERO} END"
+    )
+
+
+def bucket(value: float) -> int:
+    """The bucket of a number (`bucket_sql` in Python)."""
+    return math.floor(math.log2(value) * PER_OCTAVE) if value > 0 else ZERO
+
+
+def value(index: int) -> float:
+    """The value a bucket is read back as: its geometric middle (0 for `ZERO`)."""
+    return 0.0 if index == ZERO else float(2 ** ((index + 0.5) / PER_OCTAVE))
+
+
+def add(counts: dict[int, int], values: Iterable[Any]) -> None:
+    """Count each number of `values` in its bucket (None and non-numbers are skipped)."""
+    for v in values:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            b = bucket(v)
+            counts[b] = counts.get(b, 0) + 1
+
+
+def percentiles(counts: dict[int, int], ps: Sequence[float], top: float | None = None) -> list[float | None]:
+    """The nearest-rank percentiles `ps` read from bucket `counts`: the value of the bucket
+    that holds the p-th value. `top`, the exact maximum when known, bounds what is read."""
+    n = sum(counts.values())
+    if n <= 0:
+        return [None for _ in ps]
+    ordered = sorted((b, c) for b, c in counts.items() if c > 0)
+    out: list[float | None] = []
+    for p in ps:
+        rank = min(n, max(1, math.ceil(p * n)))
+        seen = 0
+        for b, c in ordered:
+            seen += c
+            if seen >= rank:
+                v = value(b)
+                out.append(min(v, top) if top is not None else v)
+                break
+    return out

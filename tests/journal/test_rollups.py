@@ -1,0 +1,267 @@
+"""Rollups (`journal.rollups`) against a scan of the same journal.
+
+The journals are written by the real writer (`tools.build_journal`: several models, workers,
+keys, errors, cut streams, arrivals spread over hours), priced by a real price table. Every
+count and sum read from the rollups equals the scan's; every percentile is within the sketch's
+stated error of the scan's nearest-rank value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import groups, rollups, schema, sketch, stats
+from journal.prices import parse
+from journal.reader import JournalReader
+from journal.retention import prune
+from tools.build_journal import T0, Traffic, build
+
+PRICES = parse(
+    {
+        "models": {
+            "claude-sonnet-4": {"input": 3.0, "output": 15.0},
+            "claude-*": {"input": 0.8, "output": 4.0, "cache_read": 0.08},
+        }
+    }
+)
+TRAFFIC = Traffic(requests=4000, span_s=4 * 3600.0, keys=5)
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("rollups") / "j.db"
+    asyncio.run(build(path, TRAFFIC, prices=PRICES))
+    yield path
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts).isoformat()
+
+
+QUERIES = [
+    "",
+    "model:claude-sonnet-4",
+    "model:claude-* !status:200",
+    "has:error | cut:yes",
+    "key:* worker:http://10.0.0.2:8000",
+    "tenant:nobody",
+    # whole minutes and partial ones at both ends
+    f"since:{_iso(T0 + 1800.5)} until:{_iso(T0 + 7200.25)}",
+    f"since:{_iso(T0 + 3600)} model:qwen3-8b",
+    f"until:{_iso(T0 + 30)}",  # inside one minute: no rollup row at all
+]
+
+
+def _close(estimate: float | None, exact: float | None) -> bool:
+    if estimate is None or exact is None:
+        return estimate is exact
+    return abs(estimate - exact) <= sketch.RELATIVE_ERROR * abs(exact) + 1e-9
+
+
+def _scan(reader: JournalReader, query: str) -> dict[str, Any]:
+    where, params = reader.compile(query)
+    return stats.compute(reader.connection, where, params)
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_stats_from_rollups_agree_with_a_scan(journal: Path, query: str) -> None:
+    with JournalReader(journal) as reader:
+        reader.exact_up_to = 0
+        ours = reader.stats(query)
+        scan = _scan(reader, query)
+    assert ours["source"] == ("rollups" if scan["requests"] else "scan")
+    if ours["source"] == "rollups":
+        assert ours["scanned"] < scan["requests"] or scan["requests"] < 200
+    for key in ("requests", "completed", "in_flight", "errors", "first_ts", "last_ts", "by_status_class"):
+        assert ours[key] == scan[key], key
+    for key in ("by_status", "by_model", "by_backend", "error_codes", "stop_reasons"):
+        assert ours[key] == scan[key], key
+    for name in ("duration", "ttfe"):
+        got, exact = ours["latency_ms"][name], scan["latency_ms"][name]
+        assert got["count"] == exact["count"]
+        assert got["max"] == exact["max"]
+        assert got["mean"] == pytest.approx(exact["mean"]) if exact["mean"] is not None else got["mean"] is None
+        for p in ("p50", "p90", "p99"):
+            assert _close(got[p], exact[p]), (name, p, got[p], exact[p])
+    tokens, exact_tokens = ours["tokens"], scan["tokens"]
+    for key in ("input", "output", "rated_requests"):
+        assert tokens[key] == exact_tokens[key]
+    if exact_tokens["output_per_s"] is not None:
+        assert tokens["output_per_s"] == pytest.approx(exact_tokens["output_per_s"])
+        assert _close(tokens["output_per_s_median"], exact_tokens["output_per_s_median"])
+    assert ours["cost_usd"]["priced_requests"] == scan["cost_usd"]["priced_requests"]
+    if scan["cost_usd"]["total"] is not None:
+        assert ours["cost_usd"]["total"] == pytest.approx(scan["cost_usd"]["total"])
+
+
+@pytest.mark.parametrize(
+    ("by", "every"), [(None, 300), ("model", None), ("key", 3600), ("worker", 60), ("status", None)]
+)
+def test_groups_from_rollups_agree_with_a_scan(journal: Path, by: str | None, every: int | None) -> None:
+    query = f"since:{_iso(T0 + 600.5)} !code:overloaded_error"
+    with JournalReader(journal) as reader:
+        reader.exact_up_to = 0
+        ours = reader.group_stats(query, by=by, every=every)
+        assert reader.stats_source.startswith("from rollups")
+        where, params = reader.compile(query)
+        scan = groups.compute(reader.connection, where, params, by=by, every=every)
+    assert [(r["group"], r["bucket"]) for r in ours] == [(r["group"], r["bucket"]) for r in scan]
+    for got, exact in zip(ours, scan, strict=True):
+        for key in ("requests", "errors", "hung_up", "tokens_in", "tokens_out"):
+            assert got[key] == exact[key], key
+        assert got["cost_usd"] == pytest.approx(exact["cost_usd"])
+        for name in ("latency_ms", "ttft_ms"):
+            assert got[name]["count"] == exact[name]["count"]
+            for p in ("p50", "p90", "p99"):
+                assert _close(got[name][p], exact[name][p])
+
+
+def test_what_the_rollups_cannot_answer_is_scanned_and_said(journal: Path) -> None:
+    with JournalReader(journal) as reader:
+        reader.exact_up_to = 0
+        for query in ("dur:>1s", "alpha", "user:user-1", f"model:qwen3-8b | since:{_iso(T0 + 60)}"):
+            numbers = reader.stats(query)
+            assert numbers["source"] == "scan" and numbers["scanned"] == numbers["requests"], query
+        reader.group_stats("", by="session")
+        assert reader.stats_source.startswith("scanned ")
+        reader.group_stats("", every=90)  # not whole minutes
+        assert reader.stats_source == f"scanned {TRAFFIC.requests} requests"
+    # A small selection is scanned by default: exact, and as fast.
+    with JournalReader(journal) as reader:
+        assert reader.stats("")["source"] == "scan"
+
+
+def test_the_rollups_are_the_writers_triggers_and_a_regrouping_gives_the_same(journal: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.db"
+    shutil.copy(journal, copy)
+    conn = schema.connect(copy)
+    try:
+        dims = f"r.grain, r.ts, {', '.join(f'r.{c}' for c in rollups.DIMENSIONS)}"
+        query = f"SELECT {dims}, requests, input_tokens, output_tokens, round(cost_usd, 9), duration_n,"
+        query += f" round(duration_sum, 6) FROM {rollups.TABLE} AS r WHERE requests != 0"
+        sketches = f"SELECT {dims}, metric, bucket, n FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} AS r"
+        sketches += " USING (rid) WHERE n != 0"
+        written, written_sketches = conn.execute(query).fetchall(), conn.execute(sketches).fetchall()
+        # Each request once per grain (a minute, an hour and a day row).
+        assert sum(row[len(rollups.DIMENSIONS) + 2] for row in written) == TRAFFIC.requests * len(rollups.GRAINS)
+        conn.execute(f"DELETE FROM {rollups.TABLE}")
+        conn.execute(f"DELETE FROM {rollups.SKETCH_TABLE}")
+        rollups.backfill(conn)
+        assert sorted(map(repr, conn.execute(query).fetchall())) == sorted(map(repr, written))
+        assert sorted(map(repr, conn.execute(sketches).fetchall())) == sorted(map(repr, written_sketches))
+    finally:
+        conn.close()
+
+
+def test_pruning_takes_its_requests_out_of_the_rollups(journal: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.db"
+    shutil.copy(journal, copy)
+    prune(copy, max_age_s=1.0, now=T0 + 5401)
+    with JournalReader(copy) as reader:
+        reader.exact_up_to = 0
+        ours, scan = reader.stats(""), _scan(reader, "")
+    assert scan["requests"] < TRAFFIC.requests
+    assert ours["source"] == "rollups" and ours["requests"] == scan["requests"]
+    assert ours["by_model"] == scan["by_model"] and ours["error_codes"] == scan["error_codes"]
+    assert ours["latency_ms"]["duration"]["count"] == scan["latency_ms"]["duration"]["count"]
+    assert ours["cost_usd"]["total"] == pytest.approx(scan["cost_usd"]["total"])
+
+
+def test_a_request_moved_after_completing_is_moved_in_the_rollups(tmp_path: Path) -> None:
+    conn = schema.connect(tmp_path / "j.db")
+    try:
+        conn.execute("INSERT INTO requests (id, ts, model, completed) VALUES ('a', 120.5, 'm', 0)")
+        assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE}").fetchone()[0] == 0  # in flight: not yet
+        conn.execute("UPDATE requests SET completed = 1, status = 499, duration_ms = 10.0 WHERE id = 'a'")
+        conn.execute("UPDATE requests SET status = 200, duration_ms = 900.0, output_tokens = 3 WHERE id = 'a'")
+        rows = conn.execute(
+            f"SELECT status, requests, duration_n, duration_sum, output_tokens FROM {rollups.TABLE}"
+            " WHERE grain = 60 ORDER BY status"
+        ).fetchall()
+        assert rows == [(200, 1, 1, 900.0, 3), (499, 0, 0, 0.0, 0)]
+        counts = conn.execute(
+            f"SELECT bucket, sum(n) FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} USING (rid)"
+            " WHERE metric = 0 AND grain = 3600 GROUP BY 1"
+        )
+        assert {b: n for b, n in counts if n} == {sketch.bucket(900.0): 1}
+    finally:
+        conn.close()
+
+
+def test_a_journal_of_the_previous_version_gets_its_rollups_when_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.apply_pragmas(conn)
+    schema.migrate(conn, schema.MIGRATIONS[:6])
+    conn.executemany(
+        "INSERT INTO requests (id, ts, model, status, duration_ms, input_tokens, completed)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            ("r0", 100.0, "m", 200, 10.0, 5, 1),
+            ("r1", 130.0, "m", 200, 30.0, 7, 1),
+            ("r2", 190.0, None, 500, 1.0, None, 1),
+            ("r3", 200.0, "m", None, None, None, 0),  # in flight
+        ],
+    )
+    conn.close()
+    schema.connect(path).close()
+    with JournalReader(path) as reader:
+        assert reader.rollups
+        reader.exact_up_to = 0
+        numbers = reader.stats("")
+        assert reader.get_request("r0")["cost_usd"] is None  # type: ignore[index]
+    assert numbers["source"] == "rollups" and numbers["scanned"] == 1  # the one in flight
+    assert (numbers["requests"], numbers["completed"], numbers["in_flight"]) == (4, 3, 1)
+    assert numbers["by_model"] == {"m": 3} and numbers["tokens"]["input"] == 12
+    assert numbers["latency_ms"]["duration"]["max"] == 30.0
+    assert numbers["latency_ms"]["duration"]["mean"] == pytest.approx(41.0 / 3)
+    conn = sqlite3.connect(path)
+    try:
+        # One minute row each here (a model, a status each): three requests in three rows.
+        minutes = f"SELECT sum(requests), count(*) FROM {rollups.TABLE} WHERE grain = 60"
+        assert conn.execute(minutes).fetchone() == (3, 3)
+        days = f"SELECT sum(requests), count(*) FROM {rollups.TABLE} WHERE grain = 86400"
+        assert conn.execute(days).fetchone() == (3, 2)  # one day: m/200 and None/500
+    finally:
+        conn.close()
+
+
+def test_the_sketch_reads_within_its_error() -> None:
+    values = [math.exp(i / 37.0) for i in range(-200, 600)] + [0.0, 0.0]
+    counts: dict[int, int] = {}
+    sketch.add(counts, values)
+    ordered = sorted(values)
+    for p in (0.001, 0.25, 0.5, 0.9, 0.99, 1.0):
+        exact = ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+        (estimate,) = sketch.percentiles(counts, [p])
+        assert estimate is not None and _close(estimate, exact), (p, estimate, exact)
+    merged: dict[int, int] = {}
+    for part in (values[:300], values[300:]):
+        half: dict[int, int] = {}
+        sketch.add(half, part)
+        for b, n in half.items():
+            merged[b] = merged.get(b, 0) + n
+    assert merged == counts
+
+
+def test_cost_is_a_term_of_the_query_language(journal: Path) -> None:
+    with JournalReader(journal) as reader:
+        rows = reader.list_requests(limit=TRAFFIC.requests)
+        costs = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
+        assert costs and len(costs) < len(rows)  # qwen3-8b has no price
+        threshold = min(costs)
+        assert reader.count(f"cost:>{threshold}") == sum(1 for c in costs if c > threshold) > 0
+        assert reader.count("cost:>=$0") == len(costs)
+        assert reader.count("!cost:>=0") == len(rows) - len(costs)
+        numbers = reader.stats(f"cost:>{threshold}")
+        assert numbers["source"] == "scan"  # the rollups keep no per-request cost
+        assert numbers["cost_usd"]["total"] == pytest.approx(sum(c for c in costs if c > threshold))
