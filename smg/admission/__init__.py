@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 
 from journal.events import Event
+from journal.prices import PriceTable
 from smg.admission.budgets import Budgets, RateLimitConfig, budget_layer
 from smg.admission.concurrency import ConcurrencyConfig, Limiter, Slots, concurrency_layer
 from smg.admission.fleet import FleetLimiter
@@ -75,9 +76,11 @@ def build_admission(
     rate_limit: RateLimitConfig | None = None,
     shared: SharedStateConfig | None = None,
     tenant_secret: bytes | None = None,
+    prices: PriceTable | None = None,
 ) -> Gates:
-    """The gates from their settings (`tenant_secret`: see `tenants.load_tenant_secret`).
-    Raises ValueError for settings that cannot work."""
+    """The gates from their settings (`tenant_secret`: see `tenants.load_tenant_secret`;
+    `prices`: the price table budgets stated in money are spent at). Raises ValueError for
+    settings that cannot work."""
     tenants = tenants or TenantConfig()
     concurrency = concurrency or ConcurrencyConfig()
     rate_limit = rate_limit or RateLimitConfig()
@@ -85,8 +88,8 @@ def build_admission(
     keys = Keys(api_key, parse_tenant_keys(tenants.api_keys, api_key), tenants, tenant_secret)
     concurrency.check()
     shared.check()
-    policy = rate_limit.policy(trust_tenant_header=tenants.trust_header)
-    budgets = Budgets(policy, rate_limit.ledger(shared)) if policy is not None else None
+    policy = rate_limit.policy(trust_tenant_header=tenants.trust_header, prices=prices)
+    budgets = Budgets(policy, rate_limit.ledger(shared), prices=prices) if policy is not None else None
     return Gates(keys, _limiter(concurrency, shared), budgets)
 
 

@@ -12,6 +12,11 @@ its matching model rule; both must afford it, else 429
 scope ever holds). A response that finishes (its `message_delta` came) is settled: the
 budget is charged input + output − reserved more (possibly into debt). One that does not (an
 engine error, a client gone) keeps only its reservation.
+
+A model rule stated in money (`dollars_per_minute`, priced by `--price-table`) is charged in the
+same reservation and settlement: the prompt's tokens at the model's input price before the
+engine is called, then trued up to the request's cost by the table (input, output, cache reads
+and writes of the final usage).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from journal.events import Admission, Block, Event, Rendered, Routed, Settled
+from journal.prices import Price, PriceTable
 from smg.admission.ledger import Decision, Ledger, MemoryLedger, SqliteLedger
 from smg.admission.policy import PolicySet, Scope, load_policy
 from smg.admission.redis_ledger import RedisLedger
@@ -59,13 +65,14 @@ class RateLimitConfig:
         ),
     )
 
-    def policy(self, *, trust_tenant_header: bool) -> PolicySet | None:
-        """The compiled budgets, None when disabled. Raises ValueError."""
+    def policy(self, *, trust_tenant_header: bool, prices: PriceTable | None = None) -> PolicySet | None:
+        """The compiled budgets (their money limits priced by `prices`), None when disabled.
+        Raises ValueError."""
         if not self.enabled:
             return None
         if not self.config:
             raise ValueError("--tenant-rate-limit-enabled needs --tenant-rate-limit-config FILE")
-        return load_policy(Path(self.config), trust_tenant_header=trust_tenant_header)
+        return load_policy(Path(self.config), trust_tenant_header=trust_tenant_header, prices=prices)
 
     def ledger(self, shared: SharedStateConfig | None = None) -> Ledger:
         """Where the budgets live. Raises ValueError when the state file cannot be opened."""
@@ -90,21 +97,58 @@ def exceeded(decision: Decision) -> Refused:
     )
 
 
-class Budgets:
-    """The policy and the ledger: reserve and settle for one tenant and model."""
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one request was charged at admission."""
 
-    def __init__(self, policy: PolicySet, ledger: Ledger, clock: Callable[[], float] = time.time) -> None:
+    decision: Decision
+    scopes: list[Scope]
+    tokens: int
+    dollars: float = 0.0  # the prompt at the model's input price, when a scope is stated in money
+    price: Price | None = None  # the model's, when a scope is stated in money
+
+
+class Budgets:
+    """The policy, the ledger and the prices: reserve and settle for one tenant and model."""
+
+    def __init__(
+        self,
+        policy: PolicySet,
+        ledger: Ledger,
+        clock: Callable[[], float] = time.time,
+        prices: PriceTable | None = None,
+    ) -> None:
         self.policy = policy
         self.ledger = ledger
+        self.prices = prices
         self._clock = clock
 
-    async def reserve(self, tenant: str, model: str, tokens: int) -> tuple[Decision, list[Scope]]:
+    async def reserve(self, tenant: str, model: str, tokens: int) -> Reservation:
         scopes = self.policy.scopes(tenant, model)
-        return await self.ledger.reserve(scopes, tokens, self._clock()), scopes
+        price = None
+        if self.prices is not None and any(s.limits.dollars_per_minute is not None for s in scopes):
+            price = self.prices.price(model)  # the policy was refused at start if it has none
+        dollars = price.cost(tokens, 0) if price is not None else 0.0
+        decision = await self.ledger.reserve(scopes, tokens, self._clock(), dollars)
+        return Reservation(decision, scopes, tokens, dollars, price)
 
-    async def settle(self, scopes: list[Scope], delta: int) -> None:
-        if delta:
-            await self.ledger.settle(scopes, delta, self._clock())
+    async def settle(self, reservation: Reservation, delta: int, usage: dict[str, int]) -> None:
+        """True the reservation up: `delta` tokens more, and the cost of `usage` (the final
+        counts) less the dollars reserved."""
+        price = reservation.price
+        dollars = 0.0
+        if price is not None:
+            dollars = (
+                price.cost(
+                    usage.get("input_tokens", 0),
+                    usage.get("output_tokens", 0),
+                    usage.get("cache_read_input_tokens", 0),
+                    usage.get("cache_creation_input_tokens", 0),
+                )
+                - reservation.dollars
+            )
+        if delta or dollars:
+            await self.ledger.settle(reservation.scopes, delta, self._clock(), dollars)
 
     def close(self) -> None:
         self.ledger.close()
@@ -126,6 +170,13 @@ def _usage(payload: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _cache_usage(payload: dict[str, Any], into: dict[str, int]) -> None:
+    for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+        value = _usage(payload, key)
+        if value is not None:
+            into[key] = value
+
+
 def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable[[Handler], Handler]:
     """The budget gate. `generates(backend)`: whether the connector a `routed` event names
     generates the answer itself (`smg.backends.base.Connector.generates`): only those are
@@ -141,9 +192,11 @@ def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable
             tenant = call.tenant or "anonymous"
             charged = False
             scopes: list[Scope] | None = None
+            reservation: Reservation | None = None
             reserved = 0
             open_ = False  # reserved and not yet settled
             input_tokens: int | None = None
+            cache: dict[str, int] = {}  # the prompt's cache reads and writes, as message_start says
             routed: list[Routed] = []  # held back until the budget admits the request (PD: each leg's)
             async with aclosing(inner(call)) as events:
                 async for event in events:
@@ -153,7 +206,8 @@ def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable
                         continue
                     if isinstance(event, Rendered) and scopes is None and charged:
                         # The engine has not been called yet: the connector waits at this event.
-                        decision, scopes = await budgets.reserve(tenant, call.model, event.prompt_tokens)
+                        reservation = await budgets.reserve(tenant, call.model, event.prompt_tokens)
+                        decision, scopes = reservation.decision, reservation.scopes
                         reserved = event.prompt_tokens
                         if decision.allowed:
                             for held in routed:
@@ -170,16 +224,19 @@ def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable
                             raise exceeded(decision)  # no worker was called: none is journaled
                         open_ = True
                         continue
-                    if isinstance(event, Block) and open_ and scopes is not None:
+                    if isinstance(event, Block) and open_ and reservation is not None:
                         kind = event.event.get("type")
                         if kind == "message_start" and isinstance(event.event.get("message"), dict):
                             input_tokens = _usage(event.event["message"], "input_tokens") or input_tokens
+                            _cache_usage(event.event["message"], cache)
                         elif kind == "message_delta" and (output := _usage(event.event, "output_tokens")) is not None:
                             # The final usage: settled before the client can see the response end,
                             # so its next request meets the trued-up budget.
                             used_input = _usage(event.event, "input_tokens") or input_tokens or reserved
                             delta = used_input + output - reserved
-                            await budgets.settle(scopes, delta)
+                            _cache_usage(event.event, cache)
+                            usage = {"input_tokens": used_input, "output_tokens": output, **cache}
+                            await budgets.settle(reservation, delta, usage)
                             yield Settled(
                                 tenant=tenant,
                                 reserved_tokens=reserved,

@@ -1,6 +1,7 @@
 """Where token budgets live: the buckets of every tenant scope, in memory or in a SQLite file.
 
-A bucket holds a scope's tokens and requests for one minute: it starts full (the per-minute
+A bucket holds a scope's tokens and requests for one minute (and dollars, for a model rule
+stated in money; without one its dollars are never read): it starts full (the per-minute
 values), refills continuously at a sixtieth of them per second, is debited at admission and
 trued up when the response ends (which may push the tokens below zero: a debt that the refill
 pays back before the next request is admitted). The arithmetic is `refill`/`decide`, pure
@@ -35,6 +36,7 @@ class Bucket:
     tokens: float
     requests: float
     updated: float  # epoch seconds of the last refill
+    dollars: float = 0.0  # what is left to spend, when the scope has a money limit
 
 
 @dataclass(frozen=True)
@@ -45,36 +47,65 @@ class Decision:
 
 
 def full(limits: Limits, now: float) -> Bucket:
-    return Bucket(float(limits.tokens_per_minute), float(limits.requests_per_minute), now)
+    return Bucket(
+        float(limits.tokens_per_minute), float(limits.requests_per_minute), now, limits.dollars_per_minute or 0.0
+    )
 
 
 def refill(bucket: Bucket, limits: Limits, now: float) -> Bucket:
     elapsed = max(0.0, now - bucket.updated)  # a clock stepping back refills nothing
     tcap, rcap = float(limits.tokens_per_minute), float(limits.requests_per_minute)
+    dcap = limits.dollars_per_minute
     return Bucket(
         min(tcap, bucket.tokens + elapsed * tcap / 60.0),
         min(rcap, bucket.requests + elapsed * rcap / 60.0),
         max(now, bucket.updated),
+        min(dcap, bucket.dollars + elapsed * dcap / 60.0) if dcap else 0.0,
     )
 
 
-def decide(bucket: Bucket, limits: Limits, tokens: int) -> Decision:
-    """Whether `tokens` and one request fit in the (refilled) bucket, and if not, for how long."""
-    if bucket.tokens >= tokens and bucket.requests >= 1:
+def decide(bucket: Bucket, limits: Limits, tokens: int, dollars: float = 0.0) -> Decision:
+    """Whether `tokens`, `dollars` (when the scope has a money limit) and one request fit in
+    the (refilled) bucket, and if not, for how long."""
+    dcap = limits.dollars_per_minute
+    short_of_money = dcap is not None and bucket.dollars < dollars
+    if bucket.tokens >= tokens and bucket.requests >= 1 and not short_of_money:
         return Decision(True)
-    if tokens > limits.tokens_per_minute:
+    if tokens > limits.tokens_per_minute or (dcap is not None and dollars > dcap):
         return Decision(False, None)  # more than the scope ever holds: waiting cannot help
     waits = []
     if bucket.tokens < tokens:
         waits.append((tokens - bucket.tokens) / (limits.tokens_per_minute / 60.0))
     if bucket.requests < 1:
         waits.append((1 - bucket.requests) / (limits.requests_per_minute / 60.0))
+    if dcap is not None and short_of_money:
+        waits.append((dollars - bucket.dollars) / (dcap / 60.0))
     return Decision(False, max(1, math.ceil(max(waits))))
+
+
+def debit(bucket: Bucket, tokens: int, dollars: float) -> None:
+    """Take an admitted request's reservation out of the bucket."""
+    bucket.tokens -= tokens
+    bucket.requests -= 1
+    bucket.dollars -= dollars
+
+
+def true_up(bucket: Bucket, limits: Limits, delta: int, dollars: float) -> None:
+    """Charge a finished request's use beyond its reservation (negative: give back; never
+    above the caps)."""
+    bucket.tokens = min(float(limits.tokens_per_minute), bucket.tokens - delta)
+    if limits.dollars_per_minute is not None:
+        bucket.dollars = min(limits.dollars_per_minute, bucket.dollars - dollars)
 
 
 def _is_full(bucket: Bucket, limits: Limits, now: float) -> bool:
     again = refill(bucket, limits, now)
-    return again.tokens >= limits.tokens_per_minute and again.requests >= limits.requests_per_minute
+    dcap = limits.dollars_per_minute
+    return (
+        again.tokens >= limits.tokens_per_minute
+        and again.requests >= limits.requests_per_minute
+        and (dcap is None or again.dollars >= dcap)
+    )
 
 
 def _combine(decisions: Sequence[Decision]) -> Decision:
@@ -87,12 +118,13 @@ def _combine(decisions: Sequence[Decision]) -> Decision:
 
 
 class Ledger(Protocol):
-    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
-        """Debit `tokens` and one request from every scope if all of them afford it."""
+    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float, dollars: float = 0.0) -> Decision:
+        """Debit `tokens`, one request and (from scopes with a money limit) `dollars` from
+        every scope if all of them afford it."""
         ...
 
-    async def settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
-        """Add `delta` tokens of use (negative: give back) to every scope."""
+    async def settle(self, scopes: Sequence[Scope], delta: int, now: float, dollars: float = 0.0) -> None:
+        """Add `delta` tokens and `dollars` of use (negative: give back) to every scope."""
         ...
 
     def close(self) -> None: ...
@@ -109,23 +141,22 @@ class MemoryLedger:
         held = self._buckets.get(scope.key)
         return refill(held[0], scope.limits, now) if held else full(scope.limits, now)
 
-    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
+    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float, dollars: float = 0.0) -> Decision:
         buckets = [self._get(s, now) for s in scopes]
-        decision = _combine([decide(b, s.limits, tokens) for b, s in zip(buckets, scopes, strict=True)])
+        decision = _combine([decide(b, s.limits, tokens, dollars) for b, s in zip(buckets, scopes, strict=True)])
         if decision.allowed:
             for bucket, scope in zip(buckets, scopes, strict=True):
-                bucket.tokens -= tokens
-                bucket.requests -= 1
+                debit(bucket, tokens, dollars)
                 self._buckets[scope.key] = (bucket, scope.limits)
         self._count += 1
         if self._count % _PRUNE_EVERY == 0:
             self._buckets = {k: v for k, v in self._buckets.items() if not _is_full(v[0], v[1], now)}
         return decision
 
-    async def settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
+    async def settle(self, scopes: Sequence[Scope], delta: int, now: float, dollars: float = 0.0) -> None:
         for scope in scopes:
             bucket = self._get(scope, now)
-            bucket.tokens = min(float(scope.limits.tokens_per_minute), bucket.tokens - delta)
+            true_up(bucket, scope.limits, delta, dollars)
             self._buckets[scope.key] = (bucket, scope.limits)
 
     def close(self) -> None:
@@ -139,9 +170,13 @@ CREATE TABLE IF NOT EXISTS buckets (
     requests   REAL NOT NULL,
     updated    REAL NOT NULL,
     token_cap  REAL NOT NULL,
-    request_cap REAL NOT NULL
+    request_cap REAL NOT NULL,
+    dollars    REAL NOT NULL DEFAULT 0,
+    dollar_cap REAL
 )
 """
+# A state file written before budgets in money: its buckets have no money limit.
+_MONEY_COLUMNS = (("dollars", "REAL NOT NULL DEFAULT 0"), ("dollar_cap", "REAL"))
 
 
 class SqliteLedger:
@@ -155,17 +190,30 @@ class SqliteLedger:
         # A commit survives the process (WAL, synchronous=NORMAL): a crash loses no debit.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(buckets)")}
+        for name, kind in _MONEY_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE buckets ADD COLUMN {name} {kind}")
         self._count = 0
 
     def _load(self, scope: Scope, now: float) -> Bucket:
-        row = self._db.execute("SELECT tokens, requests, updated FROM buckets WHERE key = ?", (scope.key,)).fetchone()
-        return refill(Bucket(*row), scope.limits, now) if row else full(scope.limits, now)
+        row = self._db.execute(
+            "SELECT tokens, requests, updated, dollars, dollar_cap FROM buckets WHERE key = ?", (scope.key,)
+        ).fetchone()
+        if not row:
+            return full(scope.limits, now)
+        tokens, requests, updated, dollars, dollar_cap = row
+        if dollar_cap is None:  # a bucket from before its money limit: none of it spent yet
+            dollars = scope.limits.dollars_per_minute or 0.0
+        return refill(Bucket(tokens, requests, updated, dollars), scope.limits, now)
 
     def _store(self, scope: Scope, bucket: Bucket) -> None:
         self._db.execute(
-            "INSERT INTO buckets (key, tokens, requests, updated, token_cap, request_cap) VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO buckets (key, tokens, requests, updated, token_cap, request_cap, dollars, dollar_cap)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(key) DO UPDATE SET tokens = excluded.tokens, requests = excluded.requests,"
-            " updated = excluded.updated, token_cap = excluded.token_cap, request_cap = excluded.request_cap",
+            " updated = excluded.updated, token_cap = excluded.token_cap, request_cap = excluded.request_cap,"
+            " dollars = excluded.dollars, dollar_cap = excluded.dollar_cap",
             (
                 scope.key,
                 bucket.tokens,
@@ -173,18 +221,19 @@ class SqliteLedger:
                 bucket.updated,
                 scope.limits.tokens_per_minute,
                 scope.limits.requests_per_minute,
+                bucket.dollars,
+                scope.limits.dollars_per_minute,
             ),
         )
 
-    def _reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
+    def _reserve(self, scopes: Sequence[Scope], tokens: int, now: float, dollars: float) -> Decision:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             buckets = [self._load(s, now) for s in scopes]
-            decision = _combine([decide(b, s.limits, tokens) for b, s in zip(buckets, scopes, strict=True)])
+            decision = _combine([decide(b, s.limits, tokens, dollars) for b, s in zip(buckets, scopes, strict=True)])
             if decision.allowed:
                 for bucket, scope in zip(buckets, scopes, strict=True):
-                    bucket.tokens -= tokens
-                    bucket.requests -= 1
+                    debit(bucket, tokens, dollars)
                     self._store(scope, bucket)
             self._count += 1
             if self._count % _PRUNE_EVERY == 0:
@@ -199,27 +248,29 @@ class SqliteLedger:
         # A bucket refilled to the brim is the same as no row (a new bucket starts full).
         self._db.execute(
             "DELETE FROM buckets WHERE tokens + (? - updated) * token_cap / 60.0 >= token_cap"
-            " AND requests + (? - updated) * request_cap / 60.0 >= request_cap",
-            (now, now),
+            " AND requests + (? - updated) * request_cap / 60.0 >= request_cap"
+            " AND (dollar_cap IS NULL OR dollars + (? - updated) * dollar_cap / 60.0 >= dollar_cap)",
+            (now, now, now),
         )
 
-    def _settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
+    def _settle(self, scopes: Sequence[Scope], delta: int, now: float, dollars: float) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for scope in scopes:
                 bucket = self._load(scope, now)
-                bucket.tokens = min(float(scope.limits.tokens_per_minute), bucket.tokens - delta)
+                true_up(bucket, scope.limits, delta, dollars)
                 self._store(scope, bucket)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
 
-    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float) -> Decision:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._reserve, scopes, tokens, now)
+    async def reserve(self, scopes: Sequence[Scope], tokens: int, now: float, dollars: float = 0.0) -> Decision:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._reserve, scopes, tokens, now, dollars)
 
-    async def settle(self, scopes: Sequence[Scope], delta: int, now: float) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._settle, scopes, delta, now)
+    async def settle(self, scopes: Sequence[Scope], delta: int, now: float, dollars: float = 0.0) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._settle, scopes, delta, now, dollars)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

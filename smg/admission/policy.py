@@ -12,6 +12,17 @@ The reference gateway's format, so one file serves both::
             matcher: {type: prefix, value: qwen3-}
             tokens_per_minute: 50000
             requests_per_minute: 100
+          - rule_id: opus-spend
+            matcher: {type: exact, value: claude-opus-4}
+            tokens_per_minute: 200000
+            requests_per_minute: 600
+            dollars_per_minute: 0.5
+
+A model rule may also state a budget in money, `dollars_per_minute` (priced by `--price-table`),
+beside its tokens and requests: only a model rule, since only it names the models whose prices
+it is spent at, and only for models the price table prices (an exact matcher's model, or for a
+prefix matcher a `<prefix>*`-or-wider pattern of the table), else the config is refused: a
+money limit that could not be priced would mean "no limit".
 
 Unknown keys are refused (a typo must not silently mean "no limit"), every limit is > 0, a
 tenant key is in the form a request can resolve to (`auth:…`, `header:…`, `ip:<address>`,
@@ -28,9 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from journal.prices import PriceTable
+
 _RULE_ID = re.compile(r"[A-Za-z0-9._-]+")
 _POLICY_KEYS = {"tenant_key", "tokens_per_minute", "requests_per_minute", "model_rules"}
-_RULE_KEYS = {"rule_id", "matcher", "tokens_per_minute", "requests_per_minute"}
+_RULE_KEYS = {"rule_id", "matcher", "tokens_per_minute", "requests_per_minute", "dollars_per_minute"}
+_GLOB = "*?["
 
 
 class PolicyError(ValueError):
@@ -41,6 +55,7 @@ class PolicyError(ValueError):
 class Limits:
     tokens_per_minute: int
     requests_per_minute: int
+    dollars_per_minute: float | None = None  # None: no money limit
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,28 @@ def _positive(raw: dict[str, Any], key: str, label: str) -> int:
     return value
 
 
+def _dollars(raw: dict[str, Any], label: str) -> float | None:
+    if "dollars_per_minute" not in raw:
+        return None
+    value = raw["dollars_per_minute"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise PolicyError(f"{label}: dollars_per_minute must be a number of dollars")
+    if value <= 0 or value == float("inf"):
+        raise PolicyError(f"{label}: dollars_per_minute must be > 0 and finite")
+    return float(value)
+
+
+def _priced(kind: str, value: str, prices: PriceTable) -> bool:
+    """Whether the table prices every model the matcher can match."""
+    if kind == "exact":
+        return prices.price(value) is not None
+    for pattern, _ in prices.patterns:
+        stem = pattern[:-1]
+        if pattern.endswith("*") and not any(c in stem for c in _GLOB) and value.startswith(stem):
+            return True
+    return False
+
+
 def _unknown(raw: dict[str, Any], allowed: set[str], label: str) -> None:
     extra = sorted(set(raw) - allowed)
     if extra:
@@ -117,7 +154,7 @@ def _canonical_tenant(key: str) -> bool:
     return False
 
 
-def _rules(raw: Any, label: str) -> tuple[Rule, ...]:
+def _rules(raw: Any, label: str, prices: PriceTable | None) -> tuple[Rule, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -147,21 +184,35 @@ def _rules(raw: Any, label: str) -> tuple[Rule, ...]:
         twin = next((r for r in rules if r.kind == kind and r.value == value), None)
         if twin is not None:
             raise PolicyError(f"{where}: matcher duplicates rule {twin.rule_id!r}")
-        limits = Limits(_positive(item, "tokens_per_minute", where), _positive(item, "requests_per_minute", where))
+        dollars = _dollars(item, where)
+        if dollars is not None and prices is None:
+            raise PolicyError(f"{where}: dollars_per_minute needs --price-table (the prices it is spent at)")
+        if dollars is not None and prices is not None and not _priced(kind, value, prices):
+            which = (
+                f"model {value!r}"
+                if kind == "exact"
+                else f"every model starting with {value!r} (a pattern {value + '*'!r})"
+            )
+            raise PolicyError(f"{where}: dollars_per_minute needs a price for {which} in the price table")
+        limits = Limits(
+            _positive(item, "tokens_per_minute", where), _positive(item, "requests_per_minute", where), dollars
+        )
         rules.append(Rule(rule_id, kind, value, limits))
     return tuple(rules)
 
 
-def _policy(raw: Any, label: str) -> TenantPolicy:
+def _policy(raw: Any, label: str, prices: PriceTable | None) -> TenantPolicy:
     if not isinstance(raw, dict):
         raise PolicyError(f"{label}: must be a mapping")
+    if "dollars_per_minute" in raw:
+        raise PolicyError(f"{label}: dollars_per_minute belongs in a model rule (it is spent at that model's prices)")
     _unknown(raw, _POLICY_KEYS, label)
     limits = Limits(_positive(raw, "tokens_per_minute", label), _positive(raw, "requests_per_minute", label))
-    return TenantPolicy(limits, _rules(raw.get("model_rules"), label))
+    return TenantPolicy(limits, _rules(raw.get("model_rules"), label, prices))
 
 
-def compile_policy(data: Any, *, trust_tenant_header: bool = False) -> PolicySet:
-    """The policy from the parsed YAML. Raises PolicyError."""
+def compile_policy(data: Any, *, trust_tenant_header: bool = False, prices: PriceTable | None = None) -> PolicySet:
+    """The policy from the parsed YAML; `prices` prices its money limits. Raises PolicyError."""
     if not isinstance(data, dict):
         raise PolicyError("the rate-limit config must be a mapping with default_policy (and tenants)")
     _unknown(data, {"default_policy", "tenants"}, "config")
@@ -170,7 +221,7 @@ def compile_policy(data: Any, *, trust_tenant_header: bool = False) -> PolicySet
     default_raw = data["default_policy"]
     if isinstance(default_raw, dict) and default_raw.get("tenant_key") is not None:
         raise PolicyError("default_policy must not set tenant_key")
-    default = _policy(default_raw, "default_policy")
+    default = _policy(default_raw, "default_policy", prices)
     tenants: dict[str, TenantPolicy] = {}
     raw_tenants = data.get("tenants") or []
     if not isinstance(raw_tenants, list):
@@ -190,11 +241,11 @@ def compile_policy(data: Any, *, trust_tenant_header: bool = False) -> PolicySet
             raise PolicyError(f"duplicate tenant_key {key!r}")
         if key.startswith("header:") and not trust_tenant_header:
             raise PolicyError(f"tenant_key {key!r} can never match a request without --trust-tenant-header")
-        tenants[key] = _policy(raw, key)
+        tenants[key] = _policy(raw, key, prices)
     return PolicySet(default, tenants)
 
 
-def load_policy(path: Path, *, trust_tenant_header: bool = False) -> PolicySet:
+def load_policy(path: Path, *, trust_tenant_header: bool = False, prices: PriceTable | None = None) -> PolicySet:
     """Read and compile `--tenant-rate-limit-config`. Raises PolicyError."""
     import yaml
 
@@ -207,6 +258,6 @@ def load_policy(path: Path, *, trust_tenant_header: bool = False) -> PolicySet:
     except yaml.YAMLError as exc:
         raise PolicyError(f"parsing {path}: {exc}") from None
     try:
-        return compile_policy(data, trust_tenant_header=trust_tenant_header)
+        return compile_policy(data, trust_tenant_header=trust_tenant_header, prices=prices)
     except PolicyError as exc:
         raise PolicyError(f"{path}: {exc}") from None

@@ -150,6 +150,7 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
 
             api_key = flags["api_key"] or None
             journal_path = None if process.no_journal else flags["journal"]
+            prices = build_component(SpendConfig, flags).load()
             admission = build_admission(
                 api_key,
                 tenant_secret=load_tenant_secret(journal_path) if api_key else None,
@@ -157,9 +158,9 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
                 concurrency=build_component(ConcurrencyConfig, flags),
                 rate_limit=build_component(RateLimitConfig, flags),
                 shared=build_component(SharedStateConfig, flags),
+                prices=prices,
             )
             journal_buffer = build_component(JournalBufferConfig, flags)
-            prices = build_component(SpendConfig, flags).load()
             observability.check()
             fetch = build_component(FetchConfig, flags)
             fetch.policy()
