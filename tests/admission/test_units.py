@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from journal.prices import load as load_prices
 from smg.admission.concurrency import ConcurrencyConfig, Limiter
 from smg.admission.ledger import Bucket, MemoryLedger, SqliteLedger, decide, refill
 from smg.admission.policy import Limits, PolicyError, Scope, compile_policy, load_policy
@@ -92,8 +93,10 @@ def test_scopes_exact_rule_beats_prefix_and_the_longest_prefix_wins(tmp_path: Pa
 
 
 def test_the_example_config_loads() -> None:
-    policy = load_policy(Path(__file__).with_name("limits-example.yaml"))
+    prices = load_prices(Path(__file__).with_name("prices-example.toml"))
+    policy = load_policy(Path(__file__).with_name("limits-example.yaml"), prices=prices)
     assert [s.limits for s in policy.scopes("auth:team-red", "qwen3-8b")] == [Limits(500000, 3000), Limits(50000, 100)]
+    assert policy.scopes("auth:team-red", "qwen3-32b")[1].limits == Limits(200000, 600, 0.5)
 
 
 def test_bucket_arithmetic() -> None:

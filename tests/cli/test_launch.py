@@ -83,6 +83,8 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
                 "--tenant-rate-limit-enabled",
                 "--tenant-rate-limit-config",
                 str(EXAMPLE_LIMITS),
+                "--price-table",
+                str(EXAMPLE_LIMITS.with_name("prices-example.toml")),
                 "--tenant-rate-limit-state",
                 "/no/such/dir/state.db",
             ],
