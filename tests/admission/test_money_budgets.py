@@ -4,6 +4,7 @@ the policy checks that refuse a money limit nothing prices; the bucket arithmeti
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from journal.events import Settled
 from journal.prices import parse
-from smg.admission.ledger import Bucket, MemoryLedger, decide
+from smg.admission.ledger import Bucket, MemoryLedger, SqliteLedger, decide
 from smg.admission.policy import Limits, PolicyError, Scope, compile_policy
 from tests.admission.conftest import MODEL, QWEN3, new_id
 from tests.conftest import wait_for_events
@@ -231,6 +232,30 @@ def test_the_money_bucket_arithmetic() -> None:
         await memory.settle(scopes, 5, 0.0, 0.4)  # the answer cost 0.4 more: 0.3 in debt
         assert (await memory.reserve(scopes, 10, 0.0, 0.01)).retry_after in (31, 32)  # 0.31 at 0.01 a second
 
-    import asyncio
+    asyncio.run(spend())
+
+
+def test_a_state_file_from_before_money_budgets_gains_them(tmp_path: Path) -> None:
+    path = tmp_path / "old-state.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL, requests REAL NOT NULL,"
+            " updated REAL NOT NULL, token_cap REAL NOT NULL, request_cap REAL NOT NULL)"
+        )
+        db.execute("INSERT INTO buckets VALUES ('rule\x1fauth:red\x1fr', 40.0, 5.0, 1000.0, 100.0, 10.0)")
+    scopes = [Scope("rule\x1fauth:red\x1fr", Limits(100, 10, 0.6))]
+
+    async def spend() -> None:
+        ledger = SqliteLedger(path)
+        try:
+            # The old bucket keeps its tokens, and none of its new money is spent yet.
+            assert (await ledger.reserve(scopes, 10, 1000.0, 0.5)).allowed
+            assert (await ledger.reserve(scopes, 10, 1000.0, 0.5)).retry_after == 40
+        finally:
+            ledger.close()
 
     asyncio.run(spend())
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT tokens, requests, dollars, dollar_cap FROM buckets").fetchall() == [
+            (30.0, 4.0, pytest.approx(0.1), 0.6)
+        ]
