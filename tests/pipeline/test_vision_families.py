@@ -1,0 +1,327 @@
+"""Each model family's image processor, value for value against `transformers`' own processor on the
+same images, from model files written here: pixel values within float32 tolerance, every other
+tensor equal, and each image's replacement tokens equal to the text the family's processor puts
+in place of its placeholder.
+
+`transformers` runs these without torch through its PIL image processors. Where a family's text
+processor cannot be built without torch (its video processor needs torchvision), its own
+`replace_image_token` runs on an instance given just the attributes that method reads; Pixtral's
+processor class is unavailable without torchvision altogether, so its replacement is checked
+against the published rule (marked below).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+from smg.pipeline.media import MediaItem
+from smg.pipeline.vision import Processed, expand, processor_for
+from smg.pipeline.vision.base import ImageProcessor
+from smg.protocol.errors import ApiError
+
+SPECIALS = [
+    "<unk>",
+    "<|image_pad|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "[IMG]",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+    "<|image|>",
+    "<|image>",
+    "<image|>",
+    "<|video|>",
+]
+NEWLINES = "\n\n"
+VOCAB = {t: i for i, t in enumerate([*SPECIALS, NEWLINES, "hi", "there"])}
+
+# (height, width, mode): aspect ratios both ways, transparency, greyscale, palette, tiny and huge.
+IMAGES = [
+    (70, 100, "RGB"),
+    (20, 300, "RGB"),
+    (400, 90, "RGB"),
+    (33, 47, "RGBA"),
+    (64, 48, "L"),
+    (50, 50, "P"),
+    (1, 1, "RGB"),
+    (1500, 2100, "RGB"),
+]
+
+
+def image_bytes(height: int, width: int, mode: str, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed + height * 7 + width)
+    if mode == "RGBA":
+        image = Image.fromarray(rng.integers(0, 255, (height, width, 4), dtype=np.uint8), "RGBA")
+    elif mode == "L":
+        image = Image.fromarray(rng.integers(0, 255, (height, width), dtype=np.uint8), "L")
+    else:
+        image = Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+        if mode == "P":
+            image = image.quantize(16)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    raw.add_tokens([AddedToken(NEWLINES, normalized=False)])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+
+
+def model_dir(root: Path, config: dict[str, Any], preprocessor: dict[str, Any]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    tokenizer().save_pretrained(root)
+    return root
+
+
+def text_of(tokens: tuple[int, ...]) -> str:
+    by_id = {i: t for t, i in VOCAB.items()}
+    return "".join(by_id[t] for t in tokens)
+
+
+def hf_image(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data))
+
+
+def check_tensors(ours: Processed, reference: Any, pixels: str, others: dict[str, str]) -> None:
+    """`pixels` and each of `others` (ours → theirs) against a one-image `transformers` output."""
+    theirs = np.asarray(reference[pixels])
+    mine = ours.pixel_values.array()
+    assert ours.pixel_values.dtype == "float32"
+    assert mine.shape == theirs.shape
+    assert np.allclose(mine, theirs, atol=1e-5)
+    assert set(ours.model_tensors) == set(others)
+    for name, key in others.items():
+        tensor = ours.model_tensors[name]
+        assert tensor.dtype == "int64"
+        expected = np.asarray(reference[key], dtype=np.int64).reshape(tensor.shape)
+        assert np.array_equal(tensor.array(), expected), name
+
+
+def skeleton(cls: type, **attributes: Any) -> Any:
+    """An instance of a `transformers` processor with only the attributes its text methods read."""
+    instance = cls.__new__(cls)
+    for name, value in attributes.items():
+        object.__setattr__(instance, name, value)
+    return instance
+
+
+# --- Qwen2-VL / Qwen2.5-VL / Qwen3-VL -------------------------------------------------------------
+
+QWEN_FAMILIES = {
+    "qwen2_vl": ({"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}, None, None),
+    "qwen2_5_vl": ({"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}, None, None),
+    "qwen3_vl": ({"patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}, [0.5] * 3, [0.5] * 3),
+}
+
+
+def qwen_dir(root: Path, model_type: str) -> tuple[Path, dict[str, Any]]:
+    vision, mean, std = QWEN_FAMILIES[model_type]
+    pre: dict[str, Any] = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "patch_size": vision["patch_size"],
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "size": {"shortest_edge": 3136, "longest_edge": 28 * 28 * 40},
+    }
+    if mean:
+        pre |= {"image_mean": mean, "image_std": std}
+    config = {"model_type": model_type, "image_token_id": VOCAB["<|image_pad|>"], "vision_config": vision}
+    return model_dir(root, config, pre), pre
+
+
+@pytest.mark.parametrize("model_type", sorted(QWEN_FAMILIES))
+@pytest.mark.parametrize(("height", "width", "mode"), IMAGES)
+def test_qwen_vl_matches_transformers(tmp_path: Path, model_type: str, height: int, width: int, mode: str) -> None:
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor, Qwen3VLProcessor
+
+    root, pre = qwen_dir(tmp_path, model_type)
+    processor = processor_for(root)
+    data = image_bytes(height, width, mode)
+    ours = processor.process(MediaItem(data, "image/png"))
+    hf = Qwen2VLImageProcessorPil(**{k: v for k, v in pre.items() if k != "image_processor_type"})
+    reference = hf(images=[hf_image(data)], return_tensors="np")
+    check_tensors(ours, reference, "pixel_values", {"image_grid_thw": "image_grid_thw"})
+    text_cls = Qwen3VLProcessor if model_type == "qwen3_vl" else Qwen2VLProcessor
+    text = skeleton(text_cls, image_processor=hf, image_token="<|image_pad|>")
+    assert text_of(ours.tokens) == text.replace_image_token(reference, 0)
+    assert ours.embed_token_id == VOCAB["<|image_pad|>"]
+
+
+# --- Pixtral / Mistral 3 -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model_type", "patch", "merge"), [("pixtral", 16, 1), ("mistral3", 14, 2)])
+@pytest.mark.parametrize(("height", "width", "mode"), IMAGES)
+def test_pixtral_matches_transformers(
+    tmp_path: Path, model_type: str, patch: int, merge: int, height: int, width: int, mode: str
+) -> None:
+    from transformers import PixtralImageProcessorPil
+
+    pre = {
+        "image_processor_type": "PixtralImageProcessor",
+        "patch_size": {"height": patch, "width": patch},
+        "size": {"longest_edge": 512},
+    }
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        "image_token_index": VOCAB["[IMG]"],
+        "vision_config": {"patch_size": patch},
+    }
+    if merge > 1:
+        config["spatial_merge_size"] = merge
+    processor = processor_for(model_dir(tmp_path, config, pre))
+    data = image_bytes(height, width, mode)
+    ours = processor.process(MediaItem(data, "image/png"))
+    # PixtralProcessor hands its image processor patch × spatial merge, as here.
+    hf = PixtralImageProcessorPil(patch_size={"height": patch * merge, "width": patch * merge}, size=pre["size"])
+    reference = hf(images=[hf_image(data)], return_tensors="np")
+    check_tensors(ours, reference, "pixel_values", {"image_sizes": "image_sizes"})
+    # Published rule (PixtralProcessor.replace_image_token; the class needs torchvision to exist):
+    # rows of [IMG] per patch column, each row ended by [IMG_BREAK], the last by [IMG_END].
+    h, w = (int(v) for v in reference["image_sizes"][0])
+    rows = h // (patch * merge)
+    cols = w // (patch * merge)
+    expected = ("[IMG]" * cols + "[IMG_BREAK]") * rows
+    assert text_of(ours.tokens) == expected.removesuffix("[IMG_BREAK]") + "[IMG_END]"
+
+
+# --- Gemma 3 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("height", "width", "mode"), IMAGES)
+def test_gemma3_matches_transformers(tmp_path: Path, height: int, width: int, mode: str) -> None:
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor, PreTrainedTokenizerFast
+
+    pre = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 64, "width": 64}}
+    config = {
+        "model_type": "gemma3",
+        "mm_tokens_per_image": 16,
+        "image_token_index": VOCAB["<image_soft_token>"],
+        "boi_token_index": VOCAB["<start_of_image>"],
+        "eoi_token_index": VOCAB["<end_of_image>"],
+    }
+    root = model_dir(tmp_path, config, pre)
+    processor = processor_for(root)
+    data = image_bytes(height, width, mode)
+    hf = Gemma3ImageProcessorPil(size=pre["size"], image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    fast = PreTrainedTokenizerFast.from_pretrained(
+        root,
+        extra_special_tokens={
+            "image_token": "<image_soft_token>",
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+        },
+    )
+    full = Gemma3Processor(image_processor=hf, tokenizer=fast, image_seq_length=16)
+    reference = full(text="hi <start_of_image> there", images=[hf_image(data)], return_tensors="np")
+    ids, items = expand(fast("hi <start_of_image> there")["input_ids"], processor, [MediaItem(data, "image/png")])
+    assert ids == [int(t) for t in reference["input_ids"][0]]
+    ours = processor.process(MediaItem(data, "image/png"))
+    check_tensors(ours, hf(images=[hf_image(data)], return_tensors="np"), "pixel_values", {"num_crops": "num_crops"})
+    assert np.allclose(items[0].pixel_values.array(), reference["pixel_values"], atol=1e-5)
+    assert ours.embed_token_id == VOCAB["<image_soft_token>"]
+
+
+def test_gemma3_pan_and_scan_is_refused_as_not_configured(tmp_path: Path) -> None:
+    config = {"model_type": "gemma3", "image_token_index": 9, "boi_token_index": 7, "eoi_token_index": 8}
+    root = model_dir(tmp_path, config, {"do_pan_and_scan": True})
+    with pytest.raises(ApiError) as refused:
+        processor_for(root)
+    assert refused.value.code == "multimodal_config_missing"
+
+
+# --- Gemma 4 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [70, 280])
+@pytest.mark.parametrize(("height", "width", "mode"), IMAGES)
+def test_gemma4_matches_transformers(tmp_path: Path, budget: int, height: int, width: int, mode: str) -> None:
+    from transformers import Gemma4ImageProcessorPil, Gemma4Processor
+
+    pre = {"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens": budget}
+    config = {
+        "model_type": "gemma4",
+        "image_token_id": VOCAB["<|image|>"],
+        "boi_token_id": VOCAB["<|image>"],
+        "eoi_token_id": VOCAB["<image|>"],
+    }
+    processor = processor_for(model_dir(tmp_path, config, pre))
+    data = image_bytes(height, width, mode)
+    ours = processor.process(MediaItem(data, "image/png"))
+    hf = Gemma4ImageProcessorPil(max_soft_tokens=budget)
+    reference = hf(images=[hf_image(data)], return_tensors="np")
+    check_tensors(ours, reference, "pixel_values", {"image_position_ids": "image_position_ids"})
+    text = skeleton(Gemma4Processor, boi_token="<|image>", eoi_token="<image|>", image_token="<|image|>")
+    assert text_of(ours.tokens) == text.replace_image_token(reference, 0)
+
+
+# --- the registry and expansion ------------------------------------------------------------------
+
+
+def test_a_model_type_is_found_by_its_image_processor_type(tmp_path: Path) -> None:
+    config = {"model_type": "llava", "image_token_index": VOCAB["[IMG]"]}
+    root = model_dir(tmp_path, config, {"image_processor_type": "PixtralImageProcessorFast"})
+    assert type(processor_for(root)).__name__ == "PixtralProcessor"
+
+
+def test_an_unknown_model_is_config_missing(tmp_path: Path) -> None:
+    root = model_dir(tmp_path, {"model_type": "bert"}, {"image_processor_type": "ViTImageProcessor"})
+    with pytest.raises(ApiError) as refused:
+        processor_for(root)
+    assert refused.value.code == "multimodal_config_missing"
+
+
+def test_a_token_missing_from_the_tokenizer_is_config_missing(tmp_path: Path) -> None:
+    root = model_dir(tmp_path, {"model_type": "pixtral", "image_token_index": 4}, {})
+    (root / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"[IMG]": 4}}, "added_tokens": []}))
+    with pytest.raises(ApiError) as refused:
+        processor_for(root)
+    assert refused.value.code == "multimodal_config_missing"
+
+
+FAMILY_DIRS: dict[str, Callable[[Path], Path]] = {
+    "qwen3_vl": lambda root: qwen_dir(root, "qwen3_vl")[0],
+    "pixtral": lambda root: model_dir(
+        root, {"model_type": "pixtral", "image_token_index": VOCAB["[IMG]"]}, {"size": {"longest_edge": 64}}
+    ),
+    "gemma4": lambda root: model_dir(
+        root,
+        {"model_type": "gemma4", "image_token_id": 10, "boi_token_id": 11, "eoi_token_id": 12},
+        {"max_soft_tokens": 70},
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_DIRS))
+def test_each_placeholder_becomes_its_images_tokens(tmp_path: Path, family: str) -> None:
+    processor: ImageProcessor = processor_for(FAMILY_DIRS[family](tmp_path))
+    pad = processor.placeholder_token_id
+    images = [MediaItem(image_bytes(70, 100, "RGB"), "image/png"), MediaItem(image_bytes(40, 40, "L"), "image/png")]
+    ids, items = expand([100, pad, 101, pad, 102], processor, images)
+    first, second = (processor.process(i).tokens for i in images)
+    assert ids == [100, *first, 101, *second, 102]
+    assert [(i.offset, i.length) for i in items] == [(1, len(first)), (2 + len(first), len(second))]
+    assert items[0].content_hash != items[1].content_hash
+    with pytest.raises(ApiError) as refused:
+        expand([100, pad], processor, images)
+    assert refused.value.code == "multimodal_prompt_contract_mismatch"
