@@ -7,13 +7,16 @@ in place of its placeholder.
 processor cannot be built without torch (its video processor needs torchvision), its own
 `replace_image_token` runs on an instance given just the attributes that method reads; Pixtral's
 processor class is unavailable without torchvision altogether, so its replacement is checked
-against the published rule (marked below).
+against the published rule (marked below). Llama 4's and Phi-4's image processors run in torch
+only: their pixels are checked against the published formulas (marked below), their replacement
+text by their processors' own methods.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,11 @@ SPECIALS = [
     "<|image>",
     "<image|>",
     "<|video|>",
+    "<|image_start|>",
+    "<|image_end|>",
+    "<|patch|>",
+    "<|tile_x_separator|>",
+    "<|tile_y_separator|>",
 ]
 NEWLINES = "\n\n"
 VOCAB = {t: i for i, t in enumerate([*SPECIALS, NEWLINES, "hi", "there"])}
@@ -275,6 +283,161 @@ def test_gemma4_matches_transformers(tmp_path: Path, budget: int, height: int, w
     assert text_of(ours.tokens) == text.replace_image_token(reference, 0)
 
 
+# --- Llama 4 (pixels: published formulas; transformers' image processor needs torch) ------------
+
+
+def llama4_dir(root: Path, pre: dict[str, Any] | None = None) -> Path:
+    config = {
+        "model_type": "llama4",
+        "image_token_index": VOCAB["<|patch|>"],
+        "vision_config": {"image_size": 56, "patch_size": 14, "pixel_shuffle_ratio": 0.5},
+    }
+    return model_dir(root, config, pre or {"size": {"height": 56, "width": 56}, "max_patches": 4})
+
+
+def test_llama4_canvases_and_fits_are_the_published_ones(tmp_path: Path) -> None:
+    from smg.pipeline.vision.llama4 import Llama4Processor
+
+    processor = processor_for(llama4_dir(tmp_path, {"size": {"height": 224, "width": 224}, "max_patches": 4}))
+    assert isinstance(processor, Llama4Processor)
+    # find_supported_resolutions(max_num_chunks=4, patch_size=224), from its docstring:
+    assert processor.canvases == [
+        (224, 896),
+        (448, 448),
+        (224, 224),
+        (896, 224),
+        (224, 672),
+        (672, 224),
+        (224, 448),
+        (448, 224),
+    ]
+    # get_max_res_without_distortion's docstring examples, as its code computes them (the code
+    # floors the scaled side where the docstring shows it rounded: 133.3 -> 133, 337.5 -> 337):
+    assert Llama4Processor.fit_without_distortion(200, 300, (450, 200)) == (133, 200)
+    assert Llama4Processor.fit_without_distortion(800, 600, (450, 1300)) == (450, 337)
+    # get_best_fit: the least upscale that fits, else the least downscale, the smaller area on a tie.
+    assert processor.best_canvas(200, 300) == (224, 448)
+    assert processor.best_canvas(224, 224) == (224, 224)
+    assert processor.best_canvas(2000, 1000) == (448, 224)  # ties (896, 224) at 0.224, smaller
+
+
+@pytest.mark.parametrize(("height", "width", "mode"), IMAGES)
+def test_llama4_tiles_and_tokens(tmp_path: Path, height: int, width: int, mode: str) -> None:
+    from transformers import Llama4Processor as HfLlama4Processor
+
+    processor = processor_for(llama4_dir(tmp_path))
+    data = image_bytes(height, width, mode)
+    ours = processor.process(MediaItem(data, "image/png"))
+    down, across = (int(v) for v in ours.model_tensors["aspect_ratios"].array()[0])
+    tiles = ours.pixel_values.array()
+    expected_tiles = down * across + (1 if down * across > 1 else 0)
+    assert tiles.shape == (expected_tiles, 3, 56, 56)
+    assert ours.model_tensors["patches_per_image"].array().tolist() == [expected_tiles]
+    # Published formula: the image resized without distortion into the canvas, bilinear, padded
+    # with black (-1 once normalized), normalized (x/255 - 0.5) / 0.5, tiles row by row.
+    image = Image.open(io.BytesIO(data)).convert("RGBA")
+    white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    image = Image.alpha_composite(white, image).convert("RGB")
+    canvas_h, canvas_w = processor.best_canvas(image.height, image.width)  # type: ignore[attr-defined]
+    assert (canvas_h // 56, canvas_w // 56) == (down, across)
+    bound_h, bound_w = min(max(image.height, 56), canvas_h), min(max(image.width, 56), canvas_w)
+    if bound_w / image.width < bound_h / image.height:
+        new_h, new_w = min(math.floor(image.height * bound_w / image.width), bound_h), bound_w
+    else:
+        new_h, new_w = bound_h, min(math.floor(image.width * bound_h / image.height), bound_w)
+    new_h, new_w = max(1, new_h), max(1, new_w)
+    resized = np.asarray(image.resize((new_w, new_h), Image.Resampling.BILINEAR), dtype=np.float32)
+    full = np.full((canvas_h, canvas_w, 3), -1.0, dtype=np.float32)
+    full[: resized.shape[0], : resized.shape[1]] = (resized / 255 - 0.5) / 0.5
+    first = full[:56, :56].transpose(2, 0, 1)
+    assert np.allclose(tiles[0], first, atol=1e-5)
+    last = full[-56:, -56:].transpose(2, 0, 1)
+    assert np.allclose(tiles[down * across - 1], last, atol=1e-5)
+    # The text: transformers' own Llama4Processor methods, given our tensors.
+    hf = skeleton(
+        HfLlama4Processor,
+        patch_size=14,
+        downsample_ratio=4,
+        start_of_img_token="<|image_start|>",
+        end_of_img_token="<|image_end|>",
+        img_patch_token="<|patch|>",
+        tile_token="<|tile_x_separator|>",
+        tile_global_token="<|tile_y_separator|>",
+        fake_image_token="<|image|>",
+        image_token="<|image|>",
+    )
+    inputs = {"pixel_values": [tiles], "aspect_ratios": ours.model_tensors["aspect_ratios"].array()}
+    assert text_of(ours.tokens) == hf.replace_image_token(inputs, 0)
+    assert ours.embed_token_id == VOCAB["<|patch|>"]
+    assert processor.placeholder_token_id == VOCAB["<|image|>"]
+
+
+# --- Phi-4 multimodal (pixels: published formulas; transformers' image processor needs torch) ------
+
+
+def phi4_dir(root: Path) -> Path:
+    pre = {"size": {"height": 56, "width": 56}, "patch_size": 14, "dynamic_hd": 4}
+    return model_dir(root, {"model_type": "phi4_multimodal"}, pre)
+
+
+@pytest.mark.parametrize(("height", "width", "mode"), [i for i in IMAGES if min(i[0], i[1]) >= 20])
+def test_phi4_crops_masks_and_tokens(tmp_path: Path, height: int, width: int, mode: str) -> None:
+    from transformers import Phi4MultimodalProcessor
+
+    processor = processor_for(phi4_dir(tmp_path))
+    data = image_bytes(height, width, mode)
+    ours = processor.process(MediaItem(data, "image/png"))
+    across, down = processor.grid(height, width)  # type: ignore[attr-defined]
+    # Published formula: the crops the sides need, or past dynamic_hd the closest grid of at most 4.
+    needed = (-(-width // 56), -(-height // 56))
+    assert (across, down) == needed if needed[0] * needed[1] <= 4 else across * down <= 4
+    pixels = ours.pixel_values.array()
+    assert pixels.shape == (1, 1 + across * down, 3, 56, 56)
+    assert ours.model_tensors["image_sizes"].array().tolist() == [[56 * down, 56 * across]]
+    masks = ours.model_tensors["image_attention_mask"].array()
+    assert masks.shape == (1, 1 + across * down, 4, 4)
+    assert masks[0, 0].all()
+    # The mask is 0 exactly over whole patches of white padding; tokens count every second patch.
+    scale = min(56 * across / width, 56 * down / height)
+    pad_w, pad_h = 56 * across - int(width * scale), 56 * down - int(height * scale)
+    grid = np.ones((4 * down, 4 * across))
+    if pad_w >= 14:
+        grid[:, -(pad_w // 14) :] = 0
+    if pad_h >= 14:
+        grid[-(pad_h // 14) :, :] = 0
+    for index in range(across * down):
+        row, col = divmod(index, across)
+        assert np.array_equal(masks[0, 1 + index], grid[row * 4 : row * 4 + 4, col * 4 : col * 4 + 4])
+    sampled = grid[0::2, 0::2]
+    count = 256 + 1 + int(sampled.sum()) + int(sampled[:, 0].sum()) + 16
+    assert ours.model_tensors["num_img_tokens"].array().tolist() == [count]
+    hf = skeleton(Phi4MultimodalProcessor, image_token="<|image|>")
+    inputs = {"num_img_tokens": [count]}
+    assert text_of(ours.tokens) == hf.replace_image_token(inputs, 0)
+    # The white padding, normalized, is 1.0 in every channel.
+    if pad_w >= 1 and across == 1:
+        assert np.allclose(pixels[0, 1, :, :, -1], 1.0)
+
+
+def test_phi4_global_crop_is_pytorch_bicubic() -> None:
+    from smg.pipeline.vision.phi4 import bicubic
+
+    rng = np.random.default_rng(3)
+    same = rng.random((3, 9, 7), dtype=np.float32)
+    assert np.allclose(bicubic(same, 9, 7), same, atol=1e-6)  # t = 0: the kernel is (0, 1, 0, 0)
+    # Cubic convolution reproduces a linear ramp away from the clamped edges (published property).
+    ramp = np.tile(np.arange(40, dtype=np.float32), (1, 40, 1))
+    out = bicubic(ramp, 20, 20)
+    src = (np.arange(20) + 0.5) * 2 - 0.5
+    assert np.allclose(out[0, 5, 2:-2], src[2:-2], atol=1e-4)
+    # PyTorch's kernel at t = 0.5 with A = -0.75: (-0.09375, 0.59375, 0.59375, -0.09375).
+    # Halving puts every output at t = 0.5 (source 2i + 0.5): a unit at 3 is the third tap of
+    # output 1 and the first of output 2.
+    step = np.zeros((1, 1, 8), dtype=np.float32)
+    step[0, 0, 3] = 1.0
+    assert np.allclose(bicubic(step, 1, 4)[0, 0], [0.0, 0.59375, -0.09375, 0.0], atol=1e-6)
+
+
 # --- the registry and expansion ------------------------------------------------------------------
 
 
@@ -304,6 +467,8 @@ FAMILY_DIRS: dict[str, Callable[[Path], Path]] = {
     "pixtral": lambda root: model_dir(
         root, {"model_type": "pixtral", "image_token_index": VOCAB["[IMG]"]}, {"size": {"longest_edge": 64}}
     ),
+    "llama4": llama4_dir,
+    "phi4": phi4_dir,
     "gemma4": lambda root: model_dir(
         root,
         {"model_type": "gemma4", "image_token_id": 10, "boi_token_id": 11, "eoi_token_id": 12},

@@ -4,7 +4,7 @@ expanded to match.
 The gateway preprocesses (the engines run only the vision tower): an image is decoded, resized,
 rescaled and normalized per the model's `preprocessor_config.json` and laid out as its family's
 encoder expects, with the family's other tensors beside it. One module per family (`qwen_vl`,
-`pixtral`, `gemma3`, `gemma4`), `registry` choosing one for a model directory, `prompt` expanding
+`pixtral`, `gemma3`, `gemma4`, `llama4`, `phi4`), `registry` choosing one for a model directory, `prompt` expanding
 the rendered prompt's placeholders.
 """
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from smg.pipeline.vision.base import ImageProcessor, ModelFiles, config_missing
 from smg.pipeline.vision.gemma3 import Gemma3Processor
 from smg.pipeline.vision.gemma4 import Gemma4Processor
+from smg.pipeline.vision.llama4 import Llama4Processor
+from smg.pipeline.vision.phi4 import Phi4Processor
 from smg.pipeline.vision.pixtral import PixtralProcessor
 from smg.pipeline.vision.qwen_vl import QWEN_VL_TYPES, QwenVlProcessor
 
@@ -24,6 +26,9 @@ BY_MODEL_TYPE: dict[str, Factory] = {
     "mistral3": PixtralProcessor.from_files,
     "gemma3": Gemma3Processor.from_files,
     "gemma4": Gemma4Processor.from_files,
+    "llama4": Llama4Processor.from_files,
+    "phi4_multimodal": Phi4Processor.from_files,
+    "phi4mm": Phi4Processor.from_files,
 }
 
 BY_IMAGE_PROCESSOR: dict[str, Factory] = {
@@ -31,6 +36,8 @@ BY_IMAGE_PROCESSOR: dict[str, Factory] = {
     "PixtralImageProcessor": PixtralProcessor.from_files,
     "Gemma3ImageProcessor": Gemma3Processor.from_files,
     "Gemma4ImageProcessor": Gemma4Processor.from_files,
+    "Llama4ImageProcessor": Llama4Processor.from_files,
+    "Phi4MultimodalImageProcessor": Phi4Processor.from_files,
 }
 
 
