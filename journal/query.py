@@ -42,8 +42,10 @@ false; `!` negates that):
 
 * `user:` (the
   body's `metadata.user_id`), `session:` (Claude Code's session header), `key:` (the 12-hex
-  fingerprint of the caller's key), `thread:` (the conversation key `smg journal thread`
-  follows): strings, like `model:`. `turns:` the number of messages sent; every op.
+  fingerprint of the caller's key, or the key itself: a reader that knows the journal's
+  secret looks up its fingerprints, `journal.redact.key_fingerprints`), `thread:` (the
+  conversation key `smg journal thread` follows): strings, like `model:`. `turns:` the
+  number of messages sent; every op.
 * `hung_up:yes|no` (the client went away before the end), `cut:yes|no` (a stream that had
   started and did not reach `message_stop`); also `has:hung_up`, `has:cut`.
 * `replica:` the gateway replica that served the request (its `--replica-name`), a string like
@@ -68,6 +70,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -376,11 +379,15 @@ def _glob_to_like(value: str) -> str:
     return "%".join(like_escape(part) for part in value.split("*"))
 
 
+_FINGERPRINT = re.compile(r"[0-9a-f]{12}")
+
+
 class _Compiler:
-    def __init__(self, now: float, indexed: bool, ordered: bool) -> None:
+    def __init__(self, now: float, indexed: bool, ordered: bool, fingerprints: Fingerprints | None = None) -> None:
         self.now = now
         self.indexed = indexed
         self.ordered = ordered
+        self.fingerprints = fingerprints
         self.params: list[Any] = []
 
     def node(self, node: _Node) -> str:
@@ -429,6 +436,11 @@ class _Compiler:
         if op not in allowed:
             ops = " ".join(o for o in ("=", "!=", ">=", "<=", ">", "<") if o in allowed)
             raise QueryError(f"{term.field}: cannot compare with {op!r} (allowed: {ops})", term.pos, term.token)
+        if kind == _STRING and term.field == "key" and self.fingerprints is not None:
+            value = term.value
+            if "*" not in value and not _FINGERPRINT.fullmatch(value):  # a key, not its fingerprint
+                found = ", ".join(self.bind(fp) for fp in self.fingerprints(value))
+                return f"({column} IS NOT NULL AND {column} {'IN' if op == '=' else 'NOT IN'} ({found}))"
         if kind == _STRING:
             return self.string(column, op, term.value)
         if kind == "replica_name":
@@ -534,8 +546,17 @@ class _Compiler:
             ) from None
 
 
+Fingerprints = Callable[[str], list[str]]
+"""A caller's key → the fingerprints it may be stored under (`journal.redact.key_fingerprints`)."""
+
+
 def compile_query(
-    text: str, *, now: float | None = None, indexed: bool = False, ordered: bool = False
+    text: str,
+    *,
+    now: float | None = None,
+    indexed: bool = False,
+    ordered: bool = False,
+    fingerprints: Fingerprints | None = None,
 ) -> tuple[str, list[Any]]:
     """`text` as an SQL boolean expression over `requests` and its parameters; `""` is `("1", [])`.
 
@@ -543,12 +564,13 @@ def compile_query(
     `indexed`: free text is looked up in the full-text index (`journal.search`; the file must
     have it) instead of scanned for in the events. Raises `QueryError` for a query that does
     not parse. `ordered`: the expression is for a page in time order (`ORDER BY ts … LIMIT n`),
-    not for a count or an aggregate; it only changes the plan SQLite chooses.
+    not for a count or an aggregate; it only changes the plan SQLite chooses. `fingerprints`:
+    a `key:` value that is not a 12-hex fingerprint is a key, matched by these.
     """
     tree = parse(text)
     if tree is None:
         return "1", []
-    compiler = _Compiler(time.time() if now is None else now, indexed, ordered)
+    compiler = _Compiler(time.time() if now is None else now, indexed, ordered, fingerprints)
     sql = compiler.node(tree)
     return sql, compiler.params
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from journal import groups, packed, schema, search, stats
+from journal import groups, packed, redact, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
 from journal.follow import Follower
 from journal.query import compile_query, text_only
@@ -105,7 +105,12 @@ class JournalReader:
         """`query` as SQL over this file's `requests` (`journal.query.compile_query`, with the
         text index when the file has one; `ordered` for a page in time order). Raises
         `journal.query.QueryError`."""
-        return compile_query(query, indexed=self.indexed, ordered=ordered)
+        return compile_query(query, indexed=self.indexed, ordered=ordered, fingerprints=self.key_fingerprints)
+
+    def key_fingerprints(self, key: str) -> list[str]:
+        """The fingerprints the caller's `key` may be stored under in this file (keyed with
+        the secret beside it or `$SMG_TENANT_SECRET`, when this reader can read it; and bare)."""
+        return redact.key_fingerprints(key, redact.read_secret(self.path))
 
     @property
     def location(self) -> str:
@@ -209,6 +214,17 @@ class JournalReader:
             [*params, limit, offset],
         ).fetchall()
         return [_row(r) for r in rows]
+
+    def list_after(self, limit: int, *, query: str = "", after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        """Up to `limit` summary rows `query` selects whose row key (`rk`) is past `after`, in
+        the order the journal recorded them, each with its key: a scan of any size a page at a
+        time, each page a seek (no OFFSET to skip again), and rows added meanwhile come after."""
+        where, params = self.compile(query)
+        select = self._select.replace("SELECT ", "SELECT rk, ", 1)
+        rows = self._conn.execute(
+            f"{select} WHERE ({where}) AND rk > ? ORDER BY rk LIMIT ?", [*params, after, limit]
+        ).fetchall()
+        return [(int(r[0]), _row(r[1:])) for r in rows]
 
     def page(
         self, limit: int = 50, *, query: str = "", offset: int = 0, **options: Any

@@ -10,6 +10,10 @@ included) belong to no one and never complete: each gets an `error` and a `compl
 status 0 and code `interrupted`. A dead writer's requests that arrived after a live writer
 started are left for a later start (they cannot be told apart from that writer's own). Only
 one process runs this (the first of `--workers N`); the others only register.
+
+A live writer that had to drop a request's `completed` event (its commits failing or stalled
+with the held buffer full) closes that request itself once its commits have caught up
+(`dropped`, code `journal_events_dropped`), so no request stays in flight for a drop either.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from journal.events import Completed, Error, Event
 INTERRUPTED = "interrupted"
 STATUS = 0  # no HTTP status reached the client
 MESSAGE = "the gateway stopped (a crash or a kill) before the request completed; closed at its next start"
+DROPPED = "journal_events_dropped"
+DROPPED_MESSAGE = (
+    "the journal dropped this request's completion while its commits were failing or stalled; closed once they resumed"
+)
 
 
 class RegistrationError(OSError):
@@ -100,4 +108,28 @@ def orphans(conn: sqlite3.Connection, before: float) -> list[tuple[str, int, lis
         error = Error(stage="gateway", status=STATUS, error_type="api_error", message=MESSAGE, code=INTERRUPTED, t=t)
         completed = Completed(status=STATUS, duration_ms=round(t * 1000, 3), t=t)
         out.append((request_id, int(seq) + 1, [error, completed]))
+    return out
+
+
+def dropped(conn: sqlite3.Connection, completions: dict[str, tuple[int, float]]) -> list[tuple[str, int, list[Event]]]:
+    """The events that close each request of `completions` (request id: the seq and time of
+    its `completed` event, which the writer dropped) that is stored and still in flight: an
+    `error` (code `journal_events_dropped`) and a `completed` in the dropped event's place.
+    Requests none of whose events were stored stay absent."""
+    ids = list(completions)
+    found: set[str] = set()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        sql = f"SELECT id FROM requests WHERE completed = 0 AND id IN ({marks})"
+        found.update(row[0] for row in conn.execute(sql, chunk))
+    out: list[tuple[str, int, list[Event]]] = []
+    for request_id in ids:
+        if request_id not in found:
+            continue
+        seq, t = completions[request_id]
+        error = Error(
+            stage="journal", status=STATUS, error_type="api_error", message=DROPPED_MESSAGE, code=DROPPED, t=t
+        )
+        out.append((request_id, seq, [error, Completed(status=STATUS, duration_ms=round(t * 1000, 3), t=t)]))
     return out

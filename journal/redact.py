@@ -7,10 +7,14 @@ identifier such as a session or request id), query parameters that look like cre
 (`redact_query`), and in request bodies the MCP servers' `authorization_token` and the
 credentials of every http(s) URL in a string (userinfo, credential-like query parameters;
 `redact_url`). A secret is replaced by
-`[redacted sha256:<12 hex>]`: the first 12 hex digits of the SHA-256
-of the value, so an operator can tell two keys apart (or match one they hold) without the
-journal storing anything usable. `redacted(event)` is applied once, by the writer, before an
-event is queued: whoever emits events needs no redaction of their own. The functions are
+`[redacted sha256:<12 hex>]`: the first 12 hex digits of the HMAC-SHA256 of the value keyed
+with the deployment's secret (`key`: `smg-tenant.key` beside the journal or
+`$SMG_TENANT_SECRET`, the secret tenant names are keyed with; `read_secret`), or of its bare
+SHA-256 without one (files written before), so an operator can tell two keys apart (or match
+one they hold, `key_fingerprints`) without the journal storing anything usable, nor anything
+a weak key could be guessed from offline. `redacted(event)` is applied once, by the writer, before an
+event is queued (a `received` body over the writer's bound is left to `redacted_body`, which its
+thread applies before the event is stored): whoever emits events needs no redaction of their own. The functions are
 idempotent (a redacted value is left as it is).
 """
 
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
@@ -30,6 +37,8 @@ import orjson
 from journal.bodies import fingerprint
 from journal.events import Event, Received, Upstream, Validated
 
+SCAN_WINDOW_CHARS = 1 << 20
+"""How much of a body one substring search of the redaction covers at most."""
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "set-cookie"})
 """The credential headers every client and worker kind uses; `credential_header` covers the rest."""
 # A word of a header name (split at `-`, `_`, `.`) that says the value opens something.
@@ -60,12 +69,45 @@ _TOKEN_KEY = "authorization_token"
 _ESCAPED_KEY = re.compile('"' + "".join(f"(?:{c}|\\\\u00{ord(c):02x})" for c in _TOKEN_KEY) + '"', re.IGNORECASE)
 
 
-def redact_value(value: str) -> str:
-    """The redacted form of one secret value (unchanged if already redacted)."""
+SECRET_FILE = "smg-tenant.key"
+"""The deployment's secret, in the journal's directory (made by the gateway, `smg.admission.tenants`)."""
+SECRET_ENV = "SMG_TENANT_SECRET"
+"""The secret instead of the file: every replica of a fleet sets the same one."""
+_KEY_HEADER_PREFIXES = ("", "Bearer ")  # how a caller's key appears in `x-api-key` / `authorization`
+
+
+def _digest(value: str, key: bytes | None) -> str:
+    data = value.encode("utf-8", "surrogatepass")
+    if key is None:
+        return hashlib.sha256(data).hexdigest()[:12]
+    return hmac.new(key, data, hashlib.sha256).hexdigest()[:12]
+
+
+def redact_value(value: str, key: bytes | None = None) -> str:
+    """The redacted form of one secret value (unchanged if already redacted), keyed with `key`."""
     if value.startswith(_PREFIX):
         return value
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{_PREFIX}{digest}]"
+    return f"{_PREFIX}{_digest(value, key)}]"
+
+
+def read_secret(journal: str | os.PathLike[str]) -> bytes | None:
+    """The secret fingerprints of `journal` are keyed with, for a reader: `$SMG_TENANT_SECRET`,
+    else `smg-tenant.key` beside the file; None when neither is there (or readable). Never
+    creates it."""
+    configured = os.environ.get(SECRET_ENV)
+    if configured:
+        return configured.encode()
+    try:
+        return (Path(journal).resolve().parent / SECRET_FILE).read_bytes() or None
+    except OSError:
+        return None
+
+
+def key_fingerprints(value: str, key: bytes | None) -> list[str]:
+    """The fingerprints (`key:` in a query) a caller's key `value` can be stored under: keyed
+    with `key` and, for files written before keying, bare; in `x-api-key` or as a bearer token."""
+    keys = [key, None] if key is not None else [None]
+    return list(dict.fromkeys(_digest(prefix + value, k) for k in keys for prefix in _KEY_HEADER_PREFIXES))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,9 +135,9 @@ def credential_header(name: str) -> bool:
     )
 
 
-def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def redact_headers(headers: Mapping[str, str], key: bytes | None = None) -> dict[str, str]:
     """A copy of `headers` with the values of credential headers (`credential_header`) redacted."""
-    return {name: redact_value(value) if credential_header(name) else value for name, value in headers.items()}
+    return {name: redact_value(value, key) if credential_header(name) else value for name, value in headers.items()}
 
 
 # An http(s) URL, as it can appear in a JSON text (`\/` escapes included), that may carry a
@@ -126,7 +168,7 @@ _URL_SECRET = re.compile(
 )
 
 
-def redact_url(text: str) -> str:
+def redact_url(text: str, key: bytes | None = None) -> str:
     """`text`, when it is an http(s) URL, with its credentials redacted: the userinfo
     (`user:password@`) as one secret, and the values of credential-like query parameters
     (`redact_query`); anything else unchanged."""
@@ -144,51 +186,61 @@ def redact_url(text: str) -> str:
     if at:
         plain = unquote(userinfo)
         if not plain.startswith(_PREFIX):
-            netloc = f"{quote(redact_value(plain), safe='[]:')}@{host}"
-    query = redact_query(parts.query)
+            netloc = f"{quote(redact_value(plain, key), safe='[]:')}@{host}"
+    query = redact_query(parts.query, key)
     if netloc == parts.netloc and query == parts.query:
         return text
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _contains(text: str, needle: str) -> bool:
+    """`needle in text`, a window at a time over a text of megabytes (windows overlap by the
+    needle's length less one): the writer thread scans a body while the event loop waits for
+    the GIL, and a window is as long as the loop waits."""
+    if len(text) <= SCAN_WINDOW_CHARS:
+        return needle in text
+    step = SCAN_WINDOW_CHARS - len(needle) + 1
+    return any(needle in text[at : at + SCAN_WINDOW_CHARS] for at in range(0, len(text), step))
+
+
 def _may_hold_url_secret(text: str) -> bool:
     """Whether an http(s) URL in `text` may carry a credential (one scan; bodies without one
     cost no parse)."""
-    if "://" not in text and ":\\/\\/" not in text:
+    if not _contains(text, "://") and not _contains(text, ":\\/\\/"):
         return False
     return _URL_SECRET.search(text) is not None
 
 
-def _redact_urls(value: Any) -> Any:
+def _redact_urls(value: Any, key: bytes | None) -> Any:
     if isinstance(value, str):
-        return redact_url(value)
+        return redact_url(value, key)
     if isinstance(value, dict):
-        return {k: _redact_urls(v) for k, v in value.items()}
+        return {k: _redact_urls(v, key) for k, v in value.items()}
     if isinstance(value, list):
-        return [_redact_urls(v) for v in value]
+        return [_redact_urls(v, key) for v in value]
     return value
 
 
-def _secret_urls(value: Any, found: dict[str, str]) -> dict[str, str]:
+def _secret_urls(value: Any, found: dict[str, str], key: bytes | None = None) -> dict[str, str]:
     """Every string in `value` that `redact_url` changes, with its redacted form."""
     if isinstance(value, str):
-        if "://" in value and (redacted_url := redact_url(value)) != value:
+        if "://" in value and (redacted_url := redact_url(value, key)) != value:
             found[value] = redacted_url
     elif isinstance(value, dict):
         for item in value.values():
-            _secret_urls(item, found)
+            _secret_urls(item, found, key)
     elif isinstance(value, list):
         for item in value:
-            _secret_urls(item, found)
+            _secret_urls(item, found, key)
     return found
 
 
 def _may_hold_token(text: str) -> bool:
-    if _TOKEN_KEY in text:
+    if _contains(text, _TOKEN_KEY):
         return True
     # The key may be spelled with JSON escapes (`authorization\\u005ftoken`); one regex search,
     # and only bodies with an escape pay for it.
-    return "\\u" in text and _ESCAPED_KEY.search(text) is not None
+    return _contains(text, "\\u") and _ESCAPED_KEY.search(text) is not None
 
 
 def _tokens_in(text: str, may_hold_token: bool = True) -> tuple[Any, list[Any], bool] | None:
@@ -222,7 +274,7 @@ def _tokens_in(text: str, may_hold_token: bool = True) -> tuple[Any, list[Any], 
     return body, found, repeated
 
 
-def redact_body(text: str) -> str:
+def redact_body(text: str, key: bytes | None = None) -> str:
     """`text` with every `authorization_token` value redacted (the MCP servers' tokens), and the
     credentials of every http(s) URL in its strings (`redact_url`: `mcp_servers[].url`, image
     and document URLs, anything else).
@@ -243,19 +295,19 @@ def redact_body(text: str) -> str:
     if parsed is None:
         return fingerprint(text)
     body, tokens, repeated = parsed
-    urls = _secret_urls(body, {})
+    urls = _secret_urls(body, {}, key)
     if not tokens and not urls:
         return text
     if not repeated and all(isinstance(t, str) for t in tokens):
         out = text
-        swaps = [(token, redact_value(token)) for token in tokens] + list(urls.items())
+        swaps = [(token, redact_value(token, key)) for token in tokens] + list(urls.items())
         for old, new in swaps:
             for quoted in {json.dumps(old), json.dumps(old, ensure_ascii=False)}:
                 out = out.replace(quoted, json.dumps(new, ensure_ascii=False))
         again = _tokens_in(out, may_hold_token)
         if again is not None and not again[1] and not _secret_urls(again[0], {}):
             return out
-    return json.dumps(_redact_urls(_redact_tokens(body)), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(_redact_urls(_redact_tokens(body, key), key), ensure_ascii=False, separators=(",", ":"))
 
 
 _SECRET_PARAMS = ("key", "token", "secret", "passw", "auth", "signature", "credential", "session")
@@ -267,7 +319,7 @@ def _secret_param(name: str) -> bool:
     return lowered in _SECRET_PARAMS_EXACT or any(part in lowered for part in _SECRET_PARAMS)
 
 
-def redact_query(query: str) -> str:
+def redact_query(query: str, key: bytes | None = None) -> str:
     """A query string with the values of secret-looking parameters (`key`, `api_key`,
     `token`, `access_token`, `secret`, `password`, `auth`, `sig`, …) redacted; the names,
     the order and every other parameter are kept as sent."""
@@ -279,7 +331,7 @@ def redact_query(query: str) -> str:
         if eq and value and _secret_param(name):
             plain = unquote_plus(value)
             if not plain.startswith(_PREFIX):
-                value = quote(redact_value(plain), safe="[]:")
+                value = quote(redact_value(plain, key), safe="[]:")
         out.append(f"{name}{eq}{value}")
     return "&".join(out)
 
@@ -311,35 +363,46 @@ def minimal_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def _redact_tokens(value: Any) -> Any:
+def redacted_body(event: Event, longer_than: int, key: bytes | None = None) -> Event:
+    """A `received` event whose body is over `longer_than` characters with that body redacted
+    (`redacted(event, body_up_to=longer_than)` left it); any other event as it is."""
+    if isinstance(event, Received) and event.body and len(event.body) > longer_than:
+        return replace(event, body=redact_body(event.body, key))
+    return event
+
+
+def _redact_tokens(value: Any, key: bytes | None) -> Any:
     if isinstance(value, dict):
-        return {k: _redact_token(v) if k == _TOKEN_KEY else _redact_tokens(v) for k, v in value.items()}
+        return {k: _redact_token(v, key) if k == _TOKEN_KEY else _redact_tokens(v, key) for k, v in value.items()}
     if isinstance(value, list):
-        return [_redact_tokens(v) for v in value]
+        return [_redact_tokens(v, key) for v in value]
     return value
 
 
-def _redact_token(value: Any) -> Any:
+def _redact_token(value: Any, key: bytes | None) -> Any:
     if value is None:
         return None
     if isinstance(value, str):
-        return redact_value(value)
-    return redact_value(json.dumps(value, sort_keys=True, default=str))
+        return redact_value(value, key)
+    return redact_value(json.dumps(value, sort_keys=True, default=str), key)
 
 
-def redacted(event: Event) -> Event:
-    """The event as the journal may keep it: a copy with its secrets redacted (the caller's
-    event is left alone, e.g. an upstream head whose headers the response still needs), or
-    the event itself when it carries none."""
+def redacted(event: Event, key: bytes | None = None, *, body_up_to: int | None = None) -> Event:
+    """The event as the journal may keep it: a copy with its secrets redacted, fingerprints
+    keyed with `key` (the caller's event is left alone, e.g. an upstream head whose headers the
+    response still needs), or the event itself when it carries none.
+
+    `body_up_to`: a `received` body longer than that many characters is left as it is, for
+    `redacted_body` to redact later (the journal writer does, in its thread, before the event
+    is stored); its headers and query are redacted here all the same."""
     if isinstance(event, Received):
-        return replace(
-            event,
-            headers=redact_headers(event.headers),
-            query=redact_query(event.query),
-            body=redact_body(event.body) if event.body else event.body,
-        )
+        body = event.body
+        if body and (body_up_to is None or len(body) <= body_up_to):
+            body = redact_body(body, key)
+        headers, query = redact_headers(event.headers, key), redact_query(event.query, key)
+        return replace(event, headers=headers, query=query, body=body)
     if isinstance(event, Upstream) and event.headers:
-        return replace(event, headers=redact_headers(event.headers))
+        return replace(event, headers=redact_headers(event.headers, key))
     if isinstance(event, Validated) and event.summary:
-        return replace(event, summary=_redact_urls(_redact_tokens(event.summary)))
+        return replace(event, summary=_redact_urls(_redact_tokens(event.summary, key), key))
     return event

@@ -9,8 +9,9 @@ Two parts, both kept by the writer in the transaction that writes a request's su
   `x-claude-code-session-id` header, or `x-session-id`), `key_fp` (the 12-hex fingerprint the
   redaction left of the caller's key), `thread_key` (the session id, else a digest of the
   conversation's start: system prompt and first message, so every turn of one conversation
-  shares it), `turns` (messages in the request), `hung_up` (the client went away before the
-  end) and `cut_mid_stream` (a stream that had started and did not reach `message_stop`).
+  shares it; each string counts by its first `THREAD_KEY_CHARS` characters), `turns`
+  (messages in the request), `hung_up` (the client went away before the end) and
+  `cut_mid_stream` (a stream that had started and did not reach `message_stop`).
   Each is indexed (v6, `journal.schema`): `user_id` and `key_fp` with `ts`, so a filter on
   one reads its matches in time order and a page stops after its rows; the columns whose
   values only a few requests share (`KEYED`: a trace, a session, a conversation, the client's
@@ -59,6 +60,9 @@ FIRST_WINS: tuple[str, ...] = ("trace_id", "user_id", "session_id", "key_fp", "t
 """Of those, the columns set from `received` (the first value written stays)."""
 TABLE = "request_text"
 TEXT_LIMIT = 64 * 1024
+THREAD_KEY_CHARS = 1 << 20
+"""The digest of a conversation's start takes each of its strings' first million characters:
+every turn still shares it, and the writer does not serialize a prompt of megabytes again."""
 
 KEYED: tuple[str, ...] = ("trace_id", "session_id", "thread_key", "client_id")
 """The columns indexed by bucket of arrival first (see the module docstring)."""
@@ -205,7 +209,7 @@ def _fold_received(row: dict[str, Any], event: Received) -> None:
     elif messages:
         system = body.get("system")
         system = [{"type": "text", "text": system}] if isinstance(system, str) else system
-        start = orjson.dumps(comparable([system, messages[0]]), option=orjson.OPT_SORT_KEYS)
+        start = orjson.dumps(comparable([system, messages[0]], THREAD_KEY_CHARS), option=orjson.OPT_SORT_KEYS)
         row["thread_key"] = "h:" + hashlib.sha256(start).hexdigest()[:16]
     if len(messages) <= 1:
         _add(row, " ".join(_texts(body.get("system"))))
@@ -213,16 +217,19 @@ def _fold_received(row: dict[str, Any], event: Received) -> None:
         _add(row, " ".join(_texts(messages[-1])))
 
 
-def comparable(value: Any) -> Any:
+def comparable(value: Any, cap: int | None = None) -> Any:
     """A message as compared across turns: without `cache_control`, and a string content as the
     one text block it means (Claude Code sends a message as a block list while it carries a cache
-    breakpoint, as a string once the breakpoint has moved on)."""
+    breakpoint, as a string once the breakpoint has moved on). `cap`: every string cut to that
+    many characters."""
     if isinstance(value, dict):
         if "role" in value and isinstance(value.get("content"), str):
             value = {**value, "content": [{"type": "text", "text": value["content"]}]}
-        return {k: comparable(v) for k, v in value.items() if k != "cache_control"}
+        return {k: comparable(v, cap) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
-        return [comparable(v) for v in value]
+        return [comparable(v, cap) for v in value]
+    if cap is not None and isinstance(value, str) and len(value) > cap:
+        return value[:cap]
     return value
 
 

@@ -39,17 +39,24 @@ waits on a lock for over a second, serving goes on: the prepared batch is held a
 every `retry_interval_s` with what queued up meanwhile, and a full queue moves its events to a
 backlog behind it instead of blocking `append`. Events are dropped only once `max_held` are
 held in all (queued, backlog, prepared: new events then, or the oldest batches beyond it).
-`problem` says why commits fail (None once one succeeds again; `/readiness` reports it), one
-log line marks the start of an incident (its first failed commit or its first drop) and one its
-end with the count dropped during it, counted at the same moment as `stats`' `events_dropped`
-(which also counts events that cannot be stored at all). An event that cannot be serialized,
+`problem` says why the journal is failing: commits fail, one has waited over a second, or
+events were dropped (None once a commit succeeds again; `/readiness` reports it). One log line
+marks the start of an incident (its first failed commit, stalled commit or drop), one its first drop
+and then at most one per `drop_log_interval_s` the drops since the last line, and one its end
+with the count dropped during it, counted at the same moment as `stats`' `events_dropped`
+(which also counts events that cannot be stored at all). A request whose `completed` event was
+dropped is closed once the writer has caught up (`journal.recovery.dropped`). An event that cannot be serialized,
 or a row SQLite refuses, is dropped alone; text UTF-8 cannot hold (lone surrogates) is stored
 escaped.
 
 Events are treated as immutable once appended: they are serialized later, by the writer
 thread. Secrets are redacted in `append`, before an event is queued (headers of `received` and
-upstream `head` events, MCP tokens in the `received` body and the validated summary); the
-body capture mode (`bodies`, see `journal.bodies`) is applied by the writer thread, in order.
+upstream `head` events, MCP tokens in the `received` body and the validated summary), except a
+`received` body over `INLINE_REDACT_CHARS`: that one is redacted by the writer thread, before
+anything else reads it (a pass over megabytes on the event loop stalls every other client, and
+the thread scans it a window at a time, `journal.redact.SCAN_WINDOW_CHARS`); either way nothing
+is stored unredacted. The body capture mode (`bodies`, see `journal.bodies`) is applied by the
+writer thread, in order.
 With `retention`, a companion task prunes the file (`journal.retention`) at start and every
 `retention_interval_s`, on a connection and a thread of its own; the writer waits at most for
 one of its small delete transactions.
@@ -75,9 +82,13 @@ from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event
-from journal.redact import redacted
+from journal.redact import redacted, redacted_body
 
 log = logging.getLogger(__name__)
+
+INLINE_REDACT_CHARS = 1 << 20
+"""The longest `received` body `append` redacts on the caller's (event loop's) time; a longer one
+is redacted by the writer thread."""
 
 _STOP = object()
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
@@ -217,6 +228,8 @@ class JournalWriter:
         busy_timeout_ms: int = 5000,
         commit_interval_s: float = 0.01,
         recover: bool = False,
+        drop_log_interval_s: float = 10.0,
+        secret: bytes | None = None,
     ) -> None:
         """`bodies`: `full`, `redacted` or `none` (see `journal.bodies`). `retention`:
         `(max_age_s, max_bytes)` as `journal.retention.parse_retention` gives it; None (or
@@ -227,7 +240,10 @@ class JournalWriter:
         starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
         larger transactions and longer packed runs, for that much more commit window.
         `recover`: at start, close the requests a stopped writer left in flight as
-        `interrupted` (`journal.recovery`; one process of those sharing a file does it)."""
+        `interrupted` (`journal.recovery`; one process of those sharing a file does it).
+        `drop_log_interval_s`: while events are dropped, at most one log line per interval
+        says how many were since the last one. `secret`: what the fingerprints of redacted
+        secrets are keyed with (`journal.redact`; None: bare SHA-256)."""
         if max_batch < 1 or queue_size < 1 or max_held < 2:
             raise ValueError("queue_size and max_batch must be positive, max_held at least 2")
         queue_size = min(queue_size, max_held // 2)
@@ -274,6 +290,14 @@ class JournalWriter:
         self._problem: str | None = None
         self._incident_since: float | None = None
         self._incident_dropped = 0
+        self._drop_log_interval = drop_log_interval_s
+        self._secret = secret
+        self._drop_logged_at = 0.0
+        self._unlogged_drops = 0
+        # Requests whose `completed` event was dropped: (seq, t) of it, closed once commits
+        # have caught up (`journal.recovery.dropped`), so none stays in flight for a drop.
+        self._unclosed: dict[str, tuple[int, float]] = {}
+        self._given_up_completions: list[tuple[str, int, float]] = []  # by the writer thread
         self._commit_started: float | None = None
         self._events_written = 0
         self._events_dropped = 0
@@ -339,7 +363,7 @@ class JournalWriter:
             self._events_dropped += 1
             return
         try:
-            item = (request_id, seq, redacted(event))
+            item = (request_id, seq, redacted(event, self._secret, body_up_to=INLINE_REDACT_CHARS))
         except Exception:
             # Never store what could not be redacted; never fail the request over it.
             self._events_dropped += 1
@@ -351,7 +375,7 @@ class JournalWriter:
             if not self._stalled():
                 await self._queue.put(item)
             elif not self._hold(item):
-                self._dropped(1)
+                self._drop(item)
 
     def offer(self, request_id: str, seq: int, event: Event) -> bool:
         """`append` without the coroutine, for the per-token path: False only when the event
@@ -361,7 +385,7 @@ class JournalWriter:
             self._events_dropped += 1
             return True
         try:
-            item = (request_id, seq, redacted(event))
+            item = (request_id, seq, redacted(event, self._secret, body_up_to=INLINE_REDACT_CHARS))
         except Exception:
             self._events_dropped += 1
             log.exception("journal: cannot redact %s event of %s; dropped", event.kind, clean_text(request_id))
@@ -372,7 +396,7 @@ class JournalWriter:
             if not self._stalled():
                 return False
             if not self._hold(item):
-                self._dropped(1)
+                self._drop(item)
         return True
 
     def _stalled(self) -> bool:
@@ -394,6 +418,8 @@ class JournalWriter:
         assert self._thread is not None
         commit = asyncio.get_running_loop().run_in_executor(self._thread, self._write, events)
         while not (await asyncio.wait({commit}, timeout=_STALL_S))[0]:
+            if self._incident_since is None:  # not ready from now on (`problem`): say why in the log
+                self._begin_incident(f"a commit has waited over {_STALL_S:.0f}s for the file")
             self._relieve()
         commit.result()
 
@@ -403,14 +429,43 @@ class JournalWriter:
         for _ in range(max(min(room, queue.qsize()), 0)):
             backlog.append(queue.get_nowait())
 
+    def _drop(self, item: tuple[str, int, Event]) -> None:
+        request_id, seq, event = item
+        if event.kind == "completed":
+            self._lost_completion(request_id, seq, float(event.t))
+        self._dropped(1)
+
+    def _lost_completion(self, request_id: str, seq: int, t: float) -> None:
+        if len(self._unclosed) < _MAX_INFLIGHT:
+            self._unclosed[request_id] = (seq, t)
+
     def _dropped(self, count: int) -> None:
         """Count events given up for lack of room, in the metric and in the incident's log
-        line together: an incident starts (and is logged) with its first drop if no failed
-        commit has started it already (a commit stalled on a lock, not failed yet)."""
+        lines together: an incident starts (and is logged) with its first drop if no failed
+        commit has started it already (a commit stalled on a lock, not failed yet); its first
+        drop is logged at once, later ones at most every `drop_log_interval_s` with the
+        count since the last line."""
         if self._incident_since is None:
             self._begin_incident(f"a commit has waited over {_STALL_S:.0f}s for the file")
+        first = self._incident_dropped == 0
         self._events_dropped += count
         self._incident_dropped += count
+        self._unlogged_drops += count
+        now = time.monotonic()
+        if first or now - self._drop_logged_at >= self._drop_log_interval:
+            self._log_drops(now)
+
+    def _log_drops(self, now: float) -> None:
+        log.error(
+            "journal: dropped %d events since the last line (%d in this incident); the %d held in"
+            " memory for %s are all taken",
+            self._unlogged_drops,
+            self._incident_dropped,
+            self._max_pending + self._queue.maxsize,
+            self.path,
+        )
+        self._unlogged_drops = 0
+        self._drop_logged_at = now
 
     async def flush(self) -> None:
         """Return once every event appended before this call is committed (or, while commits
@@ -458,8 +513,17 @@ class JournalWriter:
 
     @property
     def problem(self) -> str | None:
-        """Why commits are failing right now (None: they are not). `/readiness` reports it."""
-        return self._problem
+        """Why the journal is failing right now (None: it is not): commits fail, or one has
+        waited past `_STALL_S`, or events have been dropped since commits last caught up.
+        `/readiness` reports it."""
+        if self._problem is not None:
+            return self._problem
+        started = self._commit_started
+        if started is not None and (waited := time.monotonic() - started) > _STALL_S:
+            return f"a commit to {self.path} has waited {waited:.1f}s (the file locked by another process, or slow)"
+        if self._incident_since is not None and self._incident_dropped:
+            return f"{self._incident_dropped} events dropped: commits to {self.path} are not keeping up"
+        return None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -569,6 +633,9 @@ class JournalWriter:
                 self._writing = 0
                 if self._given_up:  # counted here, on the loop, with the incident's count
                     given_up, self._given_up = self._given_up, 0
+                    for request_id, seq, t in self._given_up_completions:
+                        self._lost_completion(request_id, seq, t)
+                    self._given_up_completions.clear()
                     self._dropped(given_up)
                 for waiter in waiters:
                     if not waiter.done():
@@ -577,6 +644,28 @@ class JournalWriter:
                 if not self._pending or final_attempts >= _FINAL_ATTEMPTS:
                     return
                 final_attempts += 1  # closing while failing: a few more tries, then give up
+            elif self._unclosed and self._incident_since is None and not backlog and queue.empty():
+                await self._close_dropped()
+
+    async def _close_dropped(self) -> None:
+        """Close the requests whose `completed` was dropped, now that everything appended
+        before has been committed (what is left of them is stored); the next start's
+        recovery closes those this misses."""
+        unclosed, self._unclosed = self._unclosed, {}
+        try:
+            closing = await self._in_thread(recovery.dropped, self._conn, unclosed)
+        except sqlite3.Error as exc:
+            log.warning("journal: cannot look for the requests whose completion was dropped (%s)", exc)
+            return
+        for request_id, seq, events in closing:
+            for offset, event in enumerate(events):
+                self._backlog.append((request_id, seq + offset, event))
+        if closing:
+            log.warning(
+                "journal: %d requests whose completion was dropped are closed as %s",
+                len(closing),
+                recovery.DROPPED,
+            )
 
     def _failed(self, exc: Exception) -> None:
         self._batches_failed += 1
@@ -602,6 +691,8 @@ class JournalWriter:
     def _recovered(self) -> None:
         since = self._incident_since
         assert since is not None
+        if self._unlogged_drops:
+            self._log_drops(time.monotonic())
         log.warning(
             "journal: commits to %s resumed after %.1fs; %d events were dropped during the incident",
             self.path,
@@ -656,6 +747,7 @@ class JournalWriter:
             count = _event_count(rows)
             self._pending_events -= count
             self._given_up += count
+            self._given_up_completions.extend((row[0], row[1], row[3]) for row in rows if row[2] == "completed")
 
     def _prepare(self, events: list[tuple[str, int, Event]]) -> tuple[_Rows, _Params, _Texts] | None:
         """Capture, serialize and fold each event; an event that cannot be is dropped alone.
@@ -671,7 +763,7 @@ class JournalWriter:
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
-                event = body_filter(request_id, event)
+                event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
                 data = None if packable else encode(event).decode()

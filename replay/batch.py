@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from journal.redact import read_secret
 from journal.store import JournalStore
 from journal.writer import JournalWriter
 from replay.diff import Difference
@@ -269,7 +270,8 @@ async def run(
     pace = _Pace(options.rate)
     running: set[asyncio.Task[None]] = set()
     limits = httpx.Limits(max_connections=options.concurrency, max_keepalive_connections=options.concurrency)
-    writer = JournalWriter(journal_path) if journal_path is not None else None
+    # The runs' fingerprints are keyed as the gateway that wrote the journal keys them.
+    writer = JournalWriter(journal_path, secret=read_secret(journal_path)) if journal_path is not None else None
     if writer is not None:
         await writer.start()
 

@@ -2,12 +2,12 @@
 
 The `rendered` event records the tokenizer's source and the generation settings exactly as the
 gateway used them (message id, stops, EOS ids, which parsers ran); each `tokens` event records
-one engine chunk. `recompute` drives a fresh `smg.pipeline.generation.Generation` with those
-ids the way the gRPC backend drives it live — `start()`, `feed(ids)` per chunk, `finish(...)`
-once, including the case where the gateway matched a stop sequence itself — and returns the
-block payloads it produces. `check` compares them with the recorded `block` events: identical
-byte for byte, or a list of differences. A change to the detokenizer, the stop matcher, a
-parser or the block builder that alters what clients receive shows up here.
+one engine chunk. `recompute` feeds those chunks through the live path's own
+`smg.pipeline.session.Session`, as the engine sent them (including the case where the gateway
+matched a stop sequence itself), and returns the block payloads it produces; what is
+offline-specific here is reading the journal. `check` compares them with the recorded `block`
+events: identical byte for byte, or a list of differences. A change to the detokenizer, the
+stop matcher, a parser or the block builder that alters what clients receive shows up here.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import orjson
 
 from journal.events import Block, Completed, Counted, Event, Received, Rendered, Routed, Tokens, Validated
 from replay.diff import Difference, diff_blocks
-from smg.pipeline.attempt import Attempt
+from smg.pipeline.engine import EngineChunk, EngineDone, EngineEvent
 from smg.pipeline.generation import Generation, GenerationSettings, TextStage, empty_message
 from smg.pipeline.output import build_stages
+from smg.pipeline.session import Session
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 
 
@@ -166,39 +167,38 @@ def _recompute_empty(events: Sequence[Event], rendered: Rendered) -> list[dict[s
 
 
 def _drive(generation: Generation, events: Sequence[Event], rendered: Rendered) -> list[dict[str, Any]]:
-    """Feed the recorded engine answers through `Attempt`, the same sans-IO code the live
-    backend feeds the engine's answers through."""
+    """Feed the recorded engine answers through the live path's `Session`: each `tokens` event
+    after `rendered` is the engine chunk (or, with a finish reason, the end) it recorded, and
+    each `routed` a new attempt."""
+    session = Session(generation, rendered.prompt_tokens)
     out: list[Event] = []
-    attempt: Attempt | None = None
     after_rendered = False
     for event in events:
         if isinstance(event, Routed):
-            attempt = None  # a retry on another worker starts its own counts
-            continue
-        if isinstance(event, Rendered):
+            session.attempt()  # a retry on another worker starts its own counts
+        elif isinstance(event, Rendered):
             after_rendered = True
-            continue
-        if not after_rendered or not isinstance(event, Tokens):
-            continue
-        if attempt is None:
-            attempt = Attempt(generation, rendered.prompt_tokens)
-        if event.finish_reason is None:
-            out += attempt.chunk(event.ids, event.prompt_tokens or 0, event.completion_tokens or 0)
-            if attempt.stopped:
-                out += attempt.stop()
+        elif after_rendered and isinstance(event, Tokens):
+            out += session.feed(_engine_answer(event))
+            if session.over:
                 break
-            continue
-        matched = event.matched_stop
-        out += attempt.done(
-            event.ids,
-            event.finish_reason,
-            event.prompt_tokens or 0,
-            event.completion_tokens or 0,
-            matched_token_id=matched if isinstance(matched, int) else None,
-            matched_stop_str=matched if isinstance(matched, str) else None,
-        )
-        break
     return [e.event for e in out if isinstance(e, Block)]
+
+
+def _engine_answer(event: Tokens) -> EngineEvent:
+    """The engine answer a `tokens` event records."""
+    prompt_tokens, completion_tokens = event.prompt_tokens or 0, event.completion_tokens or 0
+    if event.finish_reason is None:
+        return EngineChunk(event.ids, prompt_tokens, completion_tokens)
+    matched = event.matched_stop
+    return EngineDone(
+        event.finish_reason,
+        prompt_tokens,
+        completion_tokens,
+        token_ids=event.ids,
+        matched_token_id=matched if isinstance(matched, int) else None,
+        matched_stop_str=matched if isinstance(matched, str) else None,
+    )
 
 
 @dataclass

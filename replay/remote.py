@@ -33,7 +33,7 @@ import httpx
 
 from journal.events import Completed, Error, Event, Received, Routed, Upstream, Validated
 from journal.pieces import TextPieces, text_piece
-from journal.redact import SECRET_HEADERS, redact_url
+from journal.redact import SECRET_HEADERS, read_secret, redact_url
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
 from replay.diff import Difference, Outcome, deterministic, diff, from_http
@@ -87,11 +87,17 @@ def forwarded_headers(recorded: Mapping[str, str], supplied: Mapping[str, str], 
     return out
 
 
-def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None, secret_urls: Iterable[str] = ()) -> str:
+def body_to_send(
+    body: str | None,
+    mcp_tokens: Mapping[str, str] | None = None,
+    secret_urls: Iterable[str] = (),
+    key: bytes | None = None,
+) -> str:
     """The recorded body, with each secret the journal redacted put back: MCP server tokens
     from `mcp_tokens` (server name → token), and each URL whose credentials were redacted
     (userinfo, a token in its query: an MCP server's, an image's) from `secret_urls`, the URLs
-    as the client sent them, each matched to the recorded one it redacts to. Raises
+    as the client sent them, each matched to the recorded one it redacts to (with the journal's
+    `key`, `journal.redact.read_secret`, or bare as older files hold them). Raises
     `ReplayError` naming every secret nobody supplied: a replay never sends a fingerprint in
     place of a credential."""
     if not body or (_REDACTED not in body and _REDACTED_IN_URL not in body):
@@ -124,7 +130,7 @@ def body_to_send(body: str | None, mcp_tokens: Mapping[str, str] | None = None, 
             f"the request's MCP server token(s) for {names} are not in the journal (only a fingerprint is);"
             " supply them with --mcp-token NAME=TOKEN"
         )
-    by_redaction = {redact_url(url): url for url in secret_urls}
+    by_redaction = {redact_url(url, k): url for url in secret_urls for k in dict.fromkeys([key, None])}
     missing_urls: list[str] = []
     for recorded in dict.fromkeys(_redacted_urls(data, [])):
         real = by_redaction.get(recorded)
@@ -216,14 +222,16 @@ async def replay_to(
         raise ReplayError("the journal holds no body for it (none recorded, or --journal-bodies none): nothing to send")
     if _FINGERPRINT in received.body:
         raise ReplayError("the body was journaled redacted (--journal-bodies redacted): replay needs full bodies")
-    body = body_to_send(received.body, mcp_tokens, secret_urls)
+    key = read_secret(journal_path) if journal_path is not None else None
+    body = body_to_send(received.body, mcp_tokens, secret_urls, key)
     sent_headers = forwarded_headers(received.headers, headers, original_id)
     target = url.rstrip("/") + received.path + (f"?{received.query}" if received.query else "")
     result = RemoteResult(replay_id=new_replay_id(), original_id=original_id, url=target)
 
     owned = writer is None and journal_path is not None
     if writer is None and journal_path is not None:
-        writer = JournalWriter(journal_path)
+        # Fingerprints keyed as the gateway writing that journal keys them (`journal.redact`).
+        writer = JournalWriter(journal_path, secret=key)
     seq = 0
     t0 = time.perf_counter()
 

@@ -1,5 +1,5 @@
 """`python -m smg` is the `smg` command."""
 
-from smg.cli.main import main
+from smg.cli.entry import main
 
 main()

@@ -61,6 +61,12 @@ TensorRT-LLM servicer, smg-project/smg `crates/grpc_client`):
 A prompt longer than the context window or an empty one fails with `INVALID_ARGUMENT`, as vLLM
 answers.
 
+`--dp-size N` makes it an engine of N data-parallel ranks: `GetServerInfo` says so (SGLang's and
+TokenSpeed's `server_args.dp_size`, vLLM's `data_parallel_size`), a `Generate` pinned by its
+`data_parallel_rank` runs on that rank (an unpinned one on rank 0; a rank out of range fails with
+`INVALID_ARGUMENT`), and `GetLoads` reports each rank's own streams. `Received` keeps every
+request's `data_parallel_rank` as it was sent.
+
 `--role` makes it one leg of a disaggregated deployment, as the real servicers behave there:
 
 - `prefill` / `decode` (SGLang, TokenSpeed): a request without its rendezvous (SGLang's
@@ -86,7 +92,7 @@ in 64 KiB chunks, the sha256 on the last one.
 Run: ``python -m tools.scripted_engine --port P --runtime sglang --model-path DIR
 [--host 127.0.0.1] [--served-model-name NAME] [--reported-model-path PATH] [--max-context-length N]
 [--no-tokenizer-bundle] [--eos-token-ids 1,2] [--default-sampling-params JSON]
-[--role regular|prefill|decode|encode] [--kv-connector NAME]``. It prints a line starting with
+[--role regular|prefill|decode|encode] [--kv-connector NAME] [--dp-size N]``. It prints a line starting with
 ``scripted engine ready`` once it serves.
 """
 
@@ -339,6 +345,7 @@ class Model:
     kv_role: str = ""
     kv_engine_id: str = ""
     hold_tokenizer: bool = False  # GetTokenizer answers only after a Release
+    dp_size: int = 1  # data-parallel ranks GetServerInfo and GetLoads report
     _bundle: tuple[bytes, str] | None = None
 
     @classmethod
@@ -381,6 +388,7 @@ class Model:
             kv_role={"prefill": "kv_producer", "decode": "kv_consumer"}.get(role, "") if connector else "",
             kv_engine_id=f"scripted-{role}-{args.port}" if connector else "",
             hold_tokenizer=args.hold_tokenizer,
+            dp_size=getattr(args, "dp_size", 1),
         )
 
     def encode(self, text: str) -> list[int]:
@@ -635,38 +643,49 @@ class Wire:
     def has_loads(self) -> bool:
         return hasattr(self.pb, "GetLoadsResponse")
 
-    def loads(self, running: int, used_tokens: int) -> Any:
-        """A `GetLoadsResponse` for one rank (SGLang, vLLM and TokenSpeed name the fields alike)."""
-        usage = used_tokens / KV_CACHE_TOKENS
-        utilization = running / MAX_RUNNING_REQUESTS
-        load = self.pb.SchedulerLoad(
-            dp_rank=0,
-            num_running_reqs=running,
-            num_waiting_reqs=0,
-            num_total_reqs=running,
-            num_used_tokens=used_tokens,
-            max_total_num_tokens=KV_CACHE_TOKENS,
-            token_usage=usage,
-            utilization=utilization,
-            max_running_requests=MAX_RUNNING_REQUESTS,
-        )
+    def loads(self, ranks: dict[int, tuple[int, int]]) -> Any:
+        """A `GetLoadsResponse` with one load per rank, from each rank's (running requests, used
+        tokens) (SGLang, vLLM and TokenSpeed name the fields alike)."""
+        loads = [
+            self.pb.SchedulerLoad(
+                dp_rank=rank,
+                num_running_reqs=running,
+                num_waiting_reqs=0,
+                num_total_reqs=running,
+                num_used_tokens=used_tokens,
+                max_total_num_tokens=KV_CACHE_TOKENS,
+                token_usage=used_tokens / KV_CACHE_TOKENS,
+                utilization=running / MAX_RUNNING_REQUESTS,
+                max_running_requests=MAX_RUNNING_REQUESTS,
+            )
+            for rank, (running, used_tokens) in sorted(ranks.items())
+        ]
         response = self.pb.GetLoadsResponse(
             timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             version="scripted",
-            dp_rank_count=1,
-            loads=[load],
+            dp_rank_count=len(loads),
+            loads=loads,
         )
-        if "aggregate" in self.pb.GetLoadsResponse.DESCRIPTOR.fields_by_name:
+        if "aggregate" in self.pb.GetLoadsResponse.DESCRIPTOR.fields_by_name and loads:
+            running = sum(r for r, _ in ranks.values())
             response.aggregate.CopyFrom(
                 self.pb.AggregateMetrics(
                     total_running_reqs=running,
                     total_waiting_reqs=0,
                     total_reqs=running,
-                    avg_token_usage=usage,
-                    avg_utilization=utilization,
+                    avg_token_usage=sum(load.token_usage for load in loads) / len(loads),
+                    avg_utilization=sum(load.utilization for load in loads) / len(loads),
                 )
             )
         return response
+
+
+def pinned_rank(request: Any) -> int | None:
+    """The `data_parallel_rank` a `GenerateRequest` is pinned to (None: not pinned, or a protocol
+    without the field)."""
+    if "data_parallel_rank" not in request.DESCRIPTOR.fields_by_name or not request.HasField("data_parallel_rank"):
+        return None
+    return int(request.data_parallel_rank)
 
 
 def _struct(values: dict[str, Any]) -> Struct:
@@ -719,7 +738,7 @@ class SglangWire(Wire):
                     "tokenizer_path": model.reported_path,
                     "context_length": model.max_context_length,
                     "tp_size": 1,
-                    "dp_size": 1,
+                    "dp_size": model.dp_size,
                 }
             ),
             scheduler_info=_struct({"max_total_num_tokens": KV_CACHE_TOKENS}),
@@ -779,7 +798,7 @@ class VllmWire(Wire):
             kv_connector=model.kv_connector,
             kv_role=model.kv_role,
             kv_engine_id=model.kv_engine_id,
-            data_parallel_size=1,
+            data_parallel_size=model.dp_size,
             kv_cache_dtype="auto",
             block_size=16,
             model_dtype="torch.bfloat16",
@@ -885,6 +904,7 @@ class TokenSpeedWire(Wire):
                     "served_model_name": model.served_name,
                     "tokenizer": model.reported_path,
                     "context_length": model.max_context_length,
+                    "dp_size": model.dp_size,
                 }
             ),
             scheduler_info=_struct({}),
@@ -968,6 +988,7 @@ WIRES: dict[str, type[Wire]] = {
 class _Stream:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     tokens: int = 0  # prompt and output tokens so far: its share of the KV cache
+    rank: int = 0  # the data-parallel rank serving it
 
 
 @dataclass
@@ -1060,7 +1081,8 @@ class Engine:
         metadata = context.invocation_metadata() or ()
         self.trace_context.append({k: str(v) for k, v in metadata if k in ("traceparent", "tracestate")})
         asked = self.wire.asked(request)
-        refusal = self._refusal(asked) or self._disaggregation_refusal(request)
+        rank = pinned_rank(request)
+        refusal = self._refusal(asked) or self._disaggregation_refusal(request) or self._rank_refusal(rank)
         if refusal is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
         if self.role == "prefill" and self.runtime in _RENDEZVOUS_FIELD:
@@ -1069,7 +1091,7 @@ class Engine:
         handoff = self._handoff(request)
         script = self._take_script(asked)
         plan = make_plan(script, asked, self.model, self.semantics)
-        stream = _Stream(tokens=len(asked.input_ids))
+        stream = _Stream(tokens=len(asked.input_ids), rank=rank or 0)
         self.streams[asked.request_id] = stream
         # A client's cancel reaches the handler as CancelledError only when it lands while the
         # generator runs; one that lands while grpc is sending a message ends the generator
@@ -1094,6 +1116,11 @@ class Engine:
         finally:
             if self.streams.get(asked.request_id) is stream:
                 del self.streams[asked.request_id]
+
+    def _rank_refusal(self, rank: int | None) -> str | None:
+        if rank is not None and not 0 <= rank < self.model.dp_size:
+            return f"data_parallel_rank {rank} is out of range: the engine has {self.model.dp_size} ranks"
+        return None
 
     def _take_script(self, asked: Asked) -> Script:
         """The first queued script matching the prompt (dequeued unless it repeats), else the default."""
@@ -1314,7 +1341,13 @@ class Engine:
         return self.wire.server_info(self.model, len(self.streams), time.time() - self.started)
 
     async def loads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return self.wire.loads(len(self.streams), sum(s.tokens for s in self.streams.values()))
+        ranks = {rank: (0, 0) for rank in range(self.model.dp_size)}
+        for stream in self.streams.values():
+            running, tokens = ranks[stream.rank]
+            ranks[stream.rank] = (running + 1, tokens + stream.tokens)
+        if request.HasField("dp_rank"):
+            ranks = {r: load for r, load in ranks.items() if r == request.dp_rank}
+        return self.wire.loads(ranks)
 
     async def tokenizer(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if self.model.hold_tokenizer:
@@ -1451,6 +1484,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eos-token-ids", default="", help="comma-separated; default generation_config.json's")
     parser.add_argument("--default-sampling-params", default="", help="JSON merged into default_sampling_params_json")
     parser.add_argument("--role", choices=ROLES, default="regular", help="a leg of a disaggregated deployment")
+    parser.add_argument(
+        "--dp-size", type=int, default=1, help="data-parallel ranks GetServerInfo and GetLoads report (default 1)"
+    )
     parser.add_argument(
         "--kv-connector", default=None, help="vLLM GetServerInfo's kv_connector (default NixlConnector for PD roles)"
     )

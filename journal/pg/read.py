@@ -189,6 +189,13 @@ class PostgresReader:
         rows = self._rows(f"{_SELECT} WHERE {where} ORDER BY {order_by} LIMIT %s OFFSET %s", [*params, limit, offset])
         return [_row(r) for r in rows]
 
+    def list_after(self, limit: int, *, query: str = "", after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        """As `JournalReader.list_after`, by the fleet journal's own row key."""
+        where, params = self.compile(query)
+        select = _SELECT.replace("SELECT ", "SELECT rk, ", 1)
+        rows = self._rows(f"{select} WHERE ({where}) AND rk > %s ORDER BY rk LIMIT %s", [*params, after, limit])
+        return [(int(r[0]), _row(r[1:])) for r in rows]
+
     def page(
         self, limit: int = 50, *, query: str = "", offset: int = 0, **options: Any
     ) -> tuple[list[dict[str, Any]], int]:

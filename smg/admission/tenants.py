@@ -25,17 +25,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from journal.redact import SECRET_ENV, SECRET_FILE
 from smg.flags import option
 from smg.protocol.errors import ApiError
 from smg.protocol.headers import bearer_token
 
 _CHALLENGE = 'Bearer realm="data-plane"'
 DEFAULT_TENANT_HEADER = "x-smg-tenant-id"
-TENANT_SECRET_FILE = "smg-tenant.key"
+TENANT_SECRET_FILE = SECRET_FILE  # beside the journal, which keys its fingerprints with it too
 # Replicas of a fleet keep journals of their own, so they share the secret through this instead:
 # each would otherwise make its own file and the shared key would be a different tenant on each
 # (three budgets in Redis, three names in the fleet journal).
-TENANT_SECRET_ENV = "SMG_TENANT_SECRET"
+TENANT_SECRET_ENV = SECRET_ENV
 
 
 def load_tenant_secret(journal: Path | None) -> bytes:
@@ -146,10 +147,13 @@ class Keys:
         self._table: dict[bytes, Caller] = {}
         for key, tenant in tenant_keys.items():
             self._table[hashlib.sha256(key.encode()).digest()] = Caller("auth:" + tenant, shared=False)
+        self.shared_tenant: str | None = None
+        """The shared key's tenant name (None without `--api-key`)."""
         if api_key:
             digest = hashlib.sha256(api_key.encode()).digest()
             tenant = shared_tenant(api_key, secret if secret is not None else secrets.token_bytes(32))
             self._table[digest] = Caller(tenant, shared=True)
+            self.shared_tenant = tenant
         self._config = config
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from journal.events import Event, Routed
 from smg.protocol.errors import ApiError
@@ -139,6 +139,16 @@ def model_cards(workers: Iterable[Target]) -> list[ModelCard]:
             if window and (card.context_window is None or window < card.context_window):
                 card.context_window = window
     return sorted(cards.values(), key=lambda c: c.id)
+
+
+@runtime_checkable
+class ReportsKvTokens(Protocol):
+    """A connector whose engines report the KV-cache tokens each worker (or rank) holds, read at
+    the load poll (gRPC: `GetLoads`); the data-parallel rank policy routes by it."""
+
+    def kv_tokens(self, target: Target) -> int | None:
+        """Tokens in use as the worker's last load poll said; None when not known."""
+        ...
 
 
 class Connector(Protocol):

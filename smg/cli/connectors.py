@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from smg.backends.anthropic import AnthropicConnector
 from smg.backends.base import Connector
-from smg.backends.grpc.backend import EngineConnector
-from smg.backends.grpc.pd import GrpcPdConnector
 from smg.backends.http.pd import HttpPdConnector
 from smg.backends.http.relay import HttpConnector
-from smg.backends.zmq.connector import zmq_connector
 from smg.config import GatewayConfig
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 from smg.routing.pools import ANTHROPIC, GRPC, GRPC_EPD, GRPC_PD, HTTP, HTTP_PD, ZMQ, PoolKey
 from smg.routing.workers import Connection, worker_kind
+
+if TYPE_CHECKING:
+    from smg.backends.grpc.backend import EngineConnector
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Deployment:
         return self.config.router.epd
 
     def engine(self) -> EngineConnector:
+        from smg.backends.grpc.backend import EngineConnector
+
         connector = self.built[GRPC]
         assert isinstance(connector, EngineConnector)
         return connector
@@ -82,20 +85,43 @@ class Serves:
     make: Callable[[Deployment], Connector]
 
 
+# The engine connectors are imported only when a deployment has engine workers: gRPC and the engine
+# pipeline would cost a relay's start-up their import time.
+def _engine(d: Deployment) -> Connector:
+    from smg.backends.grpc.backend import EngineConnector
+
+    return EngineConnector(d.config, d.tokenizers)
+
+
+def _grpc_pair(roles: tuple[str, ...]) -> Callable[[Deployment], Connector]:
+    def make(d: Deployment) -> Connector:
+        from smg.backends.grpc.pd import GrpcPdConnector
+
+        return GrpcPdConnector(d.engine(), roles=roles)
+
+    return make
+
+
+def _zmq(d: Deployment) -> Connector:
+    from smg.backends.zmq.connector import zmq_connector
+
+    return zmq_connector(d.config, d.tokenizers)
+
+
 CONNECTORS: tuple[Serves, ...] = (
     Serves(ANTHROPIC, lambda d: d.igw or d.anthropic, lambda d: AnthropicConnector(d.config)),
     Serves(
         GRPC,
         lambda d: d.igw or (d.kinds == {"grpc"} and not d.anthropic) or "grpc" in d.legs,
-        lambda d: EngineConnector(d.config, d.tokenizers),
+        _engine,
     ),
     # The pairs' connectors share the engines (and tokenizers) of the gRPC connector.
     Serves(GRPC_PD, lambda d: GRPC in d.built and (d.igw or (d.pd and "grpc" in d.legs)),
-           lambda d: GrpcPdConnector(d.engine())),
+           _grpc_pair(("prefill", "decode"))),
     Serves(GRPC_EPD, lambda d: GRPC in d.built and d.epd,
-           lambda d: GrpcPdConnector(d.engine(), roles=("encode", "prefill", "decode"))),
+           _grpc_pair(("encode", "prefill", "decode"))),
     Serves(ZMQ, lambda d: d.igw or (d.kinds == {"zmq"} and not d.anthropic),
-           lambda d: zmq_connector(d.config, d.tokenizers)),
+           _zmq),
     Serves(
         HTTP,
         lambda d: d.igw or ("http" in d.kinds and not d.anthropic) or (d.pd and "grpc" not in d.legs),

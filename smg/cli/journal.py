@@ -376,19 +376,21 @@ _EXPORT_PAGE = 500  # requests read at a time: an export of any size holds one p
 
 
 def _selected(reader: JournalStore, query: str, limit: int | None) -> Iterator[dict[str, Any]]:
-    """The summary rows `query` selects, oldest first, a page at a time; at most `limit`, and a
-    line on stderr when the limit left some out."""
-    offset = 0
+    """The summary rows `query` selects, in the order the journal recorded them, a page at a
+    time by row key (each page a seek past the last key: no request is skipped or repeated
+    while the gateway adds rows, and a big journal is read once); at most `limit`, and a line
+    on stderr when the limit left some out."""
+    after, count = 0, 0
     while True:
-        size = _EXPORT_PAGE if limit is None else min(_EXPORT_PAGE, limit - offset + 1)
-        rows = reader.list_requests(size, query=query, offset=offset, descending=False)
-        for row in rows:
-            if limit is not None and offset >= limit:
+        size = _EXPORT_PAGE if limit is None else min(_EXPORT_PAGE, limit - count + 1)
+        rows = reader.list_after(size, query=query, after=after)
+        for after, row in rows:
+            if limit is not None and count >= limit:
                 Console(stderr=True).print(
                     f"[yellow]export stopped at --limit {limit}:[/] the query selects more requests"
                 )
                 return
-            offset += 1
+            count += 1
             yield row
         if len(rows) < size:
             return

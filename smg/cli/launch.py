@@ -279,8 +279,19 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
     if workers < 1:
         raise LaunchError("--workers must be at least 1")
     warn_if_admin_is_open(config, admission)
+    from smg.admission.startup import warn_about_tenant_names
+
+    warn_about_tenant_names(
+        config.api_key, admission, worker_registry=config.router.worker_registry, journal_sink=config.journal_sink.url
+    )
     if config.journal_path:
         check_journal(config.journal_path)
+        from smg.admission.tenants import load_tenant_secret
+
+        try:  # made here, once: every process reads it to key the journal's fingerprints
+            load_tenant_secret(config.journal_path)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     if workers == 1:
         _serve(config, admission, sock=None, retention=True)
     else:
@@ -290,6 +301,7 @@ def run(config: GatewayConfig, admission: Gates | None = None, workers: int = 1)
 def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket | None, retention: bool) -> None:
     from journal.writer import JournalWriter, NullJournal
     from smg import journal_sink
+    from smg.admission.tenants import load_tenant_secret
     from smg.observability import metrics
     from smg.server.app import build_app
     from smg.server.connections import default_max_connections, guarded_protocol
@@ -302,6 +314,7 @@ def _serve(config: GatewayConfig, admission: Gates | None, sock: socket.socket |
             retention=config.journal_retention if retention else None,
             max_held=config.journal_buffer.journal_max_held,
             recover=retention,
+            secret=load_tenant_secret(config.journal_path),
         )
         if config.journal_path
         else NullJournal()

@@ -13,12 +13,8 @@ import typer
 from smg.admission import COMPONENTS as ADMISSION_COMPONENTS
 from smg.admission import ConcurrencyConfig, RateLimitConfig, TenantConfig
 from smg.backends.grpc.config import EngineConfig
-from smg.cli.engine import engine_app
-from smg.cli.inspect import inspect_command
-from smg.cli.journal import journal_app
+from smg.cli import lazy
 from smg.cli.options import build_component, with_component_flags
-from smg.cli.replay import replay
-from smg.cli.sink import sink_app
 from smg.config import GatewayConfig, JournalBufferConfig, ProcessConfig
 from smg.fetch.config import FetchConfig
 from smg.journal_sink import SinkConfig
@@ -32,14 +28,8 @@ from smg.routing.worker_urls import WorkerUrlConfig
 from smg.routing.workers import HealthConfig
 from smg.shared.link import SharedStateConfig
 
-app = typer.Typer(
-    help="smg: an Anthropic Messages API gateway with an event-sourced request journal.", no_args_is_help=True
-)
-app.add_typer(journal_app, name="journal")
-app.add_typer(engine_app, name="engine")
-app.add_typer(sink_app, name="journal-sink")
-app.command("replay")(replay)
-app.command("inspect")(inspect_command)
+# `journal`, `engine`, `journal-sink`, `replay` and `inspect` are imported when named (`smg.cli.lazy`).
+app = lazy.root()
 
 # Flags of the reference gateway that take several values after one flag (`--worker-urls a b`).
 _MULTI_VALUE = (

@@ -28,10 +28,17 @@ def _refuse_constant(name: str) -> Any:
 # several times faster than a regular expression over a body of megabytes.
 _DIGITS = bytes(0x31 if 0x30 <= byte <= 0x39 else 0x30 for byte in range(256))
 _RUN = b"1" * 20
+# A body of megabytes is translated a window at a time (windows overlap by a run's length less
+# one, so a run across two is seen): no pass holds the GIL for longer than one window, and the
+# translated copy is one window, not the body.
+_WINDOW = 1 << 20
 
 
 def _has_long_integer(data: bytes) -> bool:
-    return _RUN in data.translate(_DIGITS)
+    if len(data) <= _WINDOW:
+        return _RUN in data.translate(_DIGITS)
+    step = _WINDOW - len(_RUN) + 1
+    return any(_RUN in data[at : at + _WINDOW].translate(_DIGITS) for at in range(0, len(data), step))
 
 
 def loads(data: bytes) -> Any:

@@ -93,13 +93,16 @@ def check_message_contents(messages: Sequence[InputMessage]) -> None:
             continue
         final_assistant = index == last and message.role == "assistant"
         content = message.content
-        empty = not content.strip() if isinstance(content, str) else not content
+        # `isspace` stops at the first other character; `strip` would copy a prompt of megabytes.
+        empty = (not content or content.isspace()) if isinstance(content, str) else not content
         if empty and not final_assistant:
             raise invalid_request(
                 f"messages.{index}: {message.role} messages must have non-empty content",
                 "empty_content",
             )
-        if isinstance(content, list) and any(isinstance(b, TextBlock) and not b.text.strip() for b in content):
+        if isinstance(content, list) and any(
+            isinstance(b, TextBlock) and (not b.text or b.text.isspace()) for b in content
+        ):
             raise invalid_request(f"messages.{index}: text content blocks must be non-empty", "empty_text_block")
         if final_assistant:
             tail: str | None

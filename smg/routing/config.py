@@ -64,8 +64,16 @@ class RouterConfig:
         default=False,
         metadata=option(
             "--dp-aware",
-            "Data-parallel aware: an SGLang HTTP worker whose /server_info says dp_size N is served as N "
-            "rank-pinned workers (URL@rank).",
+            "Data-parallel aware: a worker whose engine has N data-parallel ranks (an SGLang HTTP worker's "
+            "/server_info dp_size; a gRPC worker's GetServerInfo) is served as N rank-pinned workers (URL@rank).",
+        ),
+    )
+    dp_minimum_tokens_scheduler: bool = field(
+        default=False,
+        metadata=option(
+            "--dp-minimum-tokens-scheduler",
+            "With --dp-aware: the rank of the chosen engine is the one whose engine reports the fewest KV-cache "
+            "tokens in use (GetLoads), counting what was sent since.",
         ),
     )
     worker_registry: str | None = field(

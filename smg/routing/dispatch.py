@@ -1,4 +1,5 @@
-"""One request's attempts: the policy picks a worker of the pool for each, the worker's
+"""One request's attempts: the policy picks a worker of the pool for each (and, with
+`--dp-minimum-tokens-scheduler`, the rank policy the rank of its engine), the worker's
 in-flight count and circuit breaker follow what happened, and the retry rules decide whether
 another attempt follows. Connectors consume `attempts()`; they never pick a worker.
 
@@ -17,6 +18,7 @@ from smg.observability import metrics, tracing
 from smg.protocol.errors import ApiError
 from smg.routing.breaker import outcome_of_status
 from smg.routing.policies import Policy, RouteContext
+from smg.routing.policies.dp_rank import MinimumTokensPolicy
 from smg.routing.retry import RETRYABLE_FAILURES, RETRYABLE_STATUSES, RetryConfig
 from smg.routing.workers import Worker
 
@@ -69,8 +71,10 @@ class Dispatch:
         on_idle: Callable[[Worker], None],
         empty: Callable[[], ApiError] = no_available_workers,
         endpoint: str = "messages",
+        ranks: MinimumTokensPolicy | None = None,
     ) -> None:
         self._empty = empty
+        self._ranks = ranks
         self._backend = backend
         self._generates = generates
         self._endpoint = "messages" if endpoint == "messages" else "other"  # the reference's label
@@ -129,6 +133,8 @@ class Dispatch:
             raise last.error if last is not None else self._empty()
         with tracing.stage("select_worker", policy=self._policy.name, attempt=number):
             choice = self._policy.choose(preferred, self._context)
+            if self._ranks is not None:
+                choice = self._ranks.choose_rank(choice, preferred, self._context.cost)
         worker = choice.worker
         m = metrics.current
         if m is not None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from smg.backends.base import Connector, WorkerUnreachable
+from smg.backends.base import Connector, ReportsKvTokens, WorkerUnreachable
 from smg.routing.registry import WorkerRegistry
 from smg.routing.workers import HealthConfig, Worker
 
@@ -53,6 +53,9 @@ async def poll_load(worker: Worker, connector: Connector) -> None:
     except WorkerUnreachable as exc:
         # The connector knows the worker is gone (a ZMQ engine that died): out now, not at the next probe.
         worker.refused(str(exc))
+        return
+    if isinstance(connector, ReportsKvTokens):
+        worker.kv_tokens = connector.kv_tokens(worker)
 
 
 async def probe(worker: Worker, connector: Connector, config: HealthConfig) -> None:

@@ -31,9 +31,11 @@ from smg.routing.dispatch import Dispatch, PairDispatch, no_available_workers
 from smg.routing.health import HealthMonitor, discover
 from smg.routing.policies import (
     NEEDS_TEXT,
+    MinimumTokensPolicy,
     Policy,
     RouteContext,
     affinity_key,
+    estimated_cost,
     make_policy,
     routing_key,
     routing_text,
@@ -136,6 +138,7 @@ class Router:
         self._policies: dict[tuple[PoolKey, str | None], Policy] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._discovering: dict[str, asyncio.Task[Any]] = {}  # first discoveries in flight, by worker id
+        self._ranks = MinimumTokensPolicy() if config.dp_minimum_tokens_scheduler else None
         self._monitor = HealthMonitor(self.registry, self._connector_of, config.health, self._expand_dp)
         self.registry.on_remove(self._forget_in_policies)
         self.shared: SharedWorkers | None = None  # --worker-registry: the fleet's workers
@@ -297,7 +300,11 @@ class Router:
         await self._discover(worker)
 
     def spawn_discovery(self, worker: Worker) -> None:
-        self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        task = self._spawn(self._discover(worker), f"smg-discover-{worker.id}")
+        # In flight from now, not from the task's first step: a request that comes before the
+        # loop has run the task (the next one on the connection that added the worker) waits too.
+        self._discovering[worker.id] = task
+        task.add_done_callback(lambda _: self._discovering.pop(worker.id, None))
 
     async def delete_worker(self, worker_id: str) -> Worker | None:
         """`DELETE /workers/{id}`: out of the fleet's registry first (raises `SharedStateDown`
@@ -322,10 +329,11 @@ class Router:
         for policy in self._policies.values():
             policy.forget(worker.id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # what the gateway serves
 
@@ -427,6 +435,7 @@ class Router:
             text=routing_text(call.request) if policy in _TEXT_POLICIES else "",
             routing_key=routing_key(call.headers, self.config.policies.routing_key_headers),
             affinity_key=affinity_key(call.headers) if policy == "consistent_hashing" else None,
+            cost=estimated_cost(routing_text(call.request)) if self._ranks is not None else 1,
         )
 
     def _dispatch(
@@ -451,6 +460,7 @@ class Router:
             on_idle=self._release,
             empty=empty,
             endpoint=call.endpoint,
+            ranks=self._ranks,
         )
 
     async def _await_discovery(self, model: str) -> None:

@@ -91,6 +91,9 @@ class Worker:
     last_error: str | None = None
     in_flight: int = 0  # requests the gateway has on this worker now
     engine_load: int | None = None  # what the engine itself reports (GetLoads), when it does
+    # KV-cache tokens in use on the engine (its rank, for `url@rank`) as the last poll said, plus
+    # what the data-parallel rank policy has sent it since; None when the engine does not say.
+    kv_tokens: int | None = None
     removed: bool = False
     source: Literal["static", "api"] = "static"
     breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig()))

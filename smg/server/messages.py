@@ -9,8 +9,11 @@ sequence ends with `completed`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any
 
@@ -34,6 +37,9 @@ from smg.server.state import Gateway
 log = logging.getLogger("smg.messages")
 
 _PARSE_INLINE_BYTES = 1 << 20
+# One thread parses the large bodies, one after another: parsing holds the GIL, and every thread
+# more that holds it lengthens the event loop's wait for it without parsing any faster.
+_LARGE_BODIES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smg-large-body")
 # The upstream clients time one attempt out at --request-timeout-secs too: a single slow attempt
 # is answered by its connector, with the connector's own code, a moment before the request's
 # deadline would cut it; the deadline decides when retries or a hung engine would run past it.
@@ -164,7 +170,11 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
         try:
             if len(body) > _PARSE_INLINE_BYTES:
                 # Megabytes of JSON parse and validate for a noticeable time: not on the event loop.
-                call = await asyncio.to_thread(admit, gateway, endpoint, headers, body, rid, request.ip or None)
+                call = await asyncio.get_running_loop().run_in_executor(
+                    _LARGE_BODIES,
+                    contextvars.copy_context().run,
+                    functools.partial(admit, gateway, endpoint, headers, body, rid, request.ip or None),
+                )
             else:
                 call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
             validated = await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))

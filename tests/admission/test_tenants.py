@@ -4,6 +4,7 @@ in front of the scripted HTTP worker, and one with tenant keys only."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from journal.events import Received
 from smg.admission.tenants import TENANT_SECRET_FILE, shared_tenant
 from tests.admission.conftest import new_id
 from tests.conftest import MODEL, Scripted, wait_for_events
-from tools.spawn import Spawned, spawn_gateway
+from tools.spawn import Spawned, free_port, spawn_gateway
 
 SHARED, RED, BLUE = "shared-secret", "red-secret", "secret:with:colons"  # a key may hold colons
 BODY = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -198,3 +199,46 @@ def test_a_short_tenant_secret_in_the_environment_is_refused_at_start(tmp_path: 
     )
     assert proc.returncode == 2
     assert "SMG_TENANT_SECRET is too short" in proc.stderr
+
+
+_OLD_NAME_WARNING = "the budget policy names 1 tenant(s) by an unkeyed SHA-256 of a key"
+_UNSHARED_WARNING = "but $SMG_TENANT_SECRET is not set"
+
+
+def test_start_up_warns_of_an_unkeyed_policy_tenant_and_of_replicas_without_a_shared_secret(
+    worker: Spawned, tmp_path: Path
+) -> None:
+    old_name = "auth:" + hashlib.sha256(SHARED.encode()).hexdigest()  # the shared key's name before keying
+    (tmp_path / "limits.yaml").write_text(
+        "default_policy: {tokens_per_minute: 6000, requests_per_minute: 600}\n"
+        f"tenants:\n  - tenant_key: {old_name}\n    tokens_per_minute: 10\n    requests_per_minute: 5\n"
+    )
+    flags = [
+        "--api-key", SHARED, "--tenant-rate-limit-enabled", "--tenant-rate-limit-config", str(tmp_path / "limits.yaml"),
+        "--tenant-rate-limit-state", "memory", "--worker-registry", f"redis://127.0.0.1:{free_port()}/0",
+    ]  # fmt: skip
+    journal = tmp_path / "journal.db"
+    assert "SMG_TENANT_SECRET" not in os.environ
+    proc = spawn_gateway([worker.url], journal=journal, extra=flags)
+    proc.stop()
+    log = proc.log()
+    assert log.count(_OLD_NAME_WARNING) == 1 and "(the shared key's old name)" in log
+    new_name = shared_tenant(SHARED, (tmp_path / TENANT_SECRET_FILE).read_bytes())
+    assert f"the shared key's tenant is {new_name}" in log
+    assert log.count(_UNSHARED_WARNING) == 1 and "--api-key with --worker-registry but" in log
+
+
+def test_no_tenant_name_warning_when_names_agree(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from smg.admission import build_admission
+    from smg.admission.startup import warn_about_tenant_names
+
+    caplog.set_level(logging.WARNING)
+    gates = build_admission(SHARED, tenant_secret=b"s" * 32)
+    warn_about_tenant_names(SHARED, gates, worker_registry=None, journal_sink=None)  # one replica: nothing shared
+    monkeypatch.setenv("SMG_TENANT_SECRET", "f" * 32)  # the replicas share it
+    warn_about_tenant_names(SHARED, gates, worker_registry="redis://127.0.0.1:1/0", journal_sink="postgresql://x")
+    monkeypatch.delenv("SMG_TENANT_SECRET")
+    warn_about_tenant_names(None, None, worker_registry=None, journal_sink="postgresql://x")  # no shared key
+    assert not caplog.records

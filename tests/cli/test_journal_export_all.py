@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.build_journal import Traffic, build
+from journal.events import Completed, Received
+from journal.writer import JournalWriter
+from tools.build_journal import T0, Traffic, build
 from tools.spawn import REPO_ROOT
 
 REQUESTS = 10_050  # past the 10,000 the export used to stop at, silently
@@ -51,3 +53,42 @@ def test_a_limit_that_cuts_the_export_says_so(big_journal: Path) -> None:
     assert har.returncode == 0 and len(json.loads(har.stdout)["log"]["entries"]) == 2
     exact = _export(big_journal, "", "--as", "otlp", "--limit", str(REQUESTS))
     assert len(exact.stdout.splitlines()) == REQUESTS and "stopped" not in exact.stderr
+
+
+def test_rows_added_during_an_export_are_neither_skipped_nor_repeated(tmp_path: Path) -> None:
+    journal = tmp_path / "growing.db"
+    asyncio.run(build(journal, Traffic(1_600)))  # four pages of 500
+    export = subprocess.Popen(
+        [sys.executable, "-m", "smg", "journal", "export", "", "--as", "jsonl", "--journal", str(journal)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert export.stdout is not None
+        # Into the second page: the export then waits on the pipe, a few dozen lines ahead.
+        ids = [json.loads(export.stdout.readline())["request"]["id"] for _ in range(600)]
+        # A gateway adds requests meanwhile, older by their arrival time than all exported so far.
+        asyncio.run(_add_requests(journal, [f"late-{i}" for i in range(100)], ts=T0 - 3600))
+        ids += [json.loads(line)["request"]["id"] for line in export.stdout]
+        assert export.wait(timeout=300) == 0
+    finally:
+        if export.poll() is None:
+            export.kill()
+            export.wait()
+    # Before, pages by OFFSET in time order shifted by the new rows: 100 repeated, the new ones missed.
+    assert len(ids) == len(set(ids)) == 1_700
+    assert ids[-100:] == [f"late-{i}" for i in range(100)]  # recorded last: exported last
+
+
+async def _add_requests(journal: Path, request_ids: list[str], ts: float) -> None:
+    writer = JournalWriter(journal)
+    await writer.start()
+    try:
+        for request_id in request_ids:
+            await writer.append(request_id, 1, Received(method="POST", path="/v1/messages", ts=ts))
+            await writer.append(request_id, 2, Completed(status=200, duration_ms=1.0))
+        await writer.flush()
+    finally:
+        await writer.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from smg_grpc_proto.generated import sglang_scheduler_pb2, vllm_engine_pb2
 
 from smg.backends.grpc.engines.base import engine_load
-from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, EngineLoad, GenerateCall
+from smg.backends.grpc.types import EngineChunk, EngineClient, EngineDone, EngineLoad, GenerateCall, RankLoad
 from tests.engines.conftest import EngineUnderTest
 
 PROMPT = [1, 2, 3, 4]
@@ -28,6 +28,7 @@ async def test_loads_follow_the_streams_in_flight(engine: EngineUnderTest, engin
         waiting_requests=0,
         max_total_tokens=KV_CACHE_TOKENS,
         max_running_requests=128,
+        ranks=(RankLoad(0, requests=0, used_tokens=0),),
     )
 
     engine.control.script(
@@ -97,7 +98,11 @@ def test_ranks_are_summed_and_their_cache_use_averaged() -> None:
         max_total_tokens=8000,
         max_running_requests=128,
         dp_ranks=2,
+        ranks=(RankLoad(0, requests=4, used_tokens=1000), RankLoad(1, requests=7, used_tokens=3000)),
     )
+    # A worker pinned to a rank (--dp-aware) is loaded by its rank alone.
+    assert engine_load(response).rank(1) == RankLoad(1, 7, 3000)
+    assert engine_load(response).rank(None) is None and engine_load(response).rank(5) is None
 
 
 def test_no_ranks_is_no_load() -> None:

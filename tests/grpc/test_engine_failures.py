@@ -1,6 +1,8 @@
-"""A gRPC vLLM engine that fails a request or dies under it: the client gets an error response
-(or, once the stream has started, an SSE `error` event), journaled with its status and code,
-never an empty success. Each test has its own scripted vLLM engine, since some end it."""
+"""A gRPC vLLM engine that dies under a stream, over loopback: the broken gRPC stream ends the
+client's SSE stream with an `error` event, journaled with its status and code. The engine is
+the test's own, since the test ends it. How each engine failure is answered (a finish reason
+"error", an engine gone before answering) is tested in process: `tests/server/test_app_playback.py`
+and `tests/grpc/test_connector_playback.py`."""
 
 from __future__ import annotations
 
@@ -37,11 +39,6 @@ class Deployment:
         self.http = httpx.Client(base_url=self.gateway.url, timeout=30.0)
         self.control = EngineControl(target_of(self.engine.url))
 
-    def post(self, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, dict[str, Any]]]]:
-        reply = self.http.post("/v1/messages", json={"model": MODEL, "messages": USER, **body})
-        events = sse_events(reply.text) if body.get("stream") and reply.status_code == 200 else []
-        return reply, events
-
     def stop(self) -> None:
         self.control.close()
         self.http.close()
@@ -56,27 +53,6 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         yield deployed
     finally:
         deployed.stop()
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_a_complete_with_finish_reason_error_is_an_error_response(deployment: Deployment, stream: bool) -> None:
-    # The vLLM servicer's answer for a request the engine failed: an empty `complete`, "error".
-    deployment.control.script({"token_ids": [], "eos": False, "finish_reason": "error"})
-    reply, _ = deployment.post({"max_tokens": 16, "stream": stream})
-    assert reply.status_code == 500, reply.text
-    assert reply.headers["content-type"].startswith("application/json")
-    assert reply.headers["x-smg-error-code"] == "engine_error"
-    assert reply.json()["error"]["type"] == "api_error"
-    journaled_failure(deployment.journal, reply.headers["x-request-id"], 500, "engine_error")
-
-
-def test_an_engine_that_dies_before_answering_is_a_502(deployment: Deployment) -> None:
-    deployment.control.script({"text": "never sent", "exit_after": 0})
-    reply, _ = deployment.post({"max_tokens": 16})
-    assert reply.status_code == 502, reply.text
-    assert reply.headers["x-smg-error-code"] == "engine_unavailable"
-    assert reply.json()["type"] == "error"
-    journaled_failure(deployment.journal, reply.headers["x-request-id"], 502, "engine_unavailable")
 
 
 def test_an_engine_that_dies_mid_stream_ends_it_with_an_error_event(deployment: Deployment) -> None:

@@ -1,6 +1,8 @@
 """gRPC prefill/decode and EPD over loopback: scripted engines in each role and runtime, both legs'
 requests read back from the engines, JSON and SSE, each leg failing in turn, count_tokens and
-`max_tokens: 0` answered by the gateway, the smaller window of a pair, IGW with a PD pool."""
+`max_tokens: 0` answered by the gateway, the smaller window of a pair. Which pool and pair a
+request reaches (IGW with a PD pool, another pair after a decode leg fails) and readiness by
+role are tested in process: `test_pd_inprocess.py`."""
 
 from __future__ import annotations
 
@@ -62,8 +64,16 @@ def _deploy(
         gateway = spawn_gateway(
             [],
             journal=journal,
-            extra=[*mode, "--prefill", *prefill, "--decode", legs["decode"].url, "--model-path", str(QWEN3),
-                   "--disable-retries"],
+            extra=[
+                *mode,
+                "--prefill",
+                *prefill,
+                "--decode",
+                legs["decode"].url,
+                "--model-path",
+                str(QWEN3),
+                "--disable-retries",
+            ],
         )
         yield Deployment(gateway, journal, legs, controls)
     finally:
@@ -191,8 +201,9 @@ def test_a_decode_failure_is_the_answer_after_the_prefill_completed(pd: Deployme
 
 
 def test_a_decode_failure_midstream_ends_the_stream_with_an_error_event(pd: Deployment) -> None:
-    pd.controls["decode"].script({"text": "one two three four", "error": {"code": "INTERNAL", "message": "boom",
-                                                                          "after_tokens": 2}})
+    pd.controls["decode"].script(
+        {"text": "one two three four", "error": {"code": "INTERNAL", "message": "boom", "after_tokens": 2}}
+    )
     with httpx.stream("POST", pd.gateway.url + "/v1/messages", json={**BODY, "stream": True}) as response:
         assert response.status_code == 200
         frames = sse_events(response.read().decode())
@@ -325,95 +336,3 @@ def test_tokenspeed_epd_without_an_image_processor_refuses_images_before_any_leg
     # The text fixture's config names no vision model: the gateway cannot preprocess its images.
     assert reply.headers["x-smg-error-code"] == "multimodal_config_missing"
     assert all(c.received() == [] and c.encoded() == [] for c in tokenspeed.controls.values())
-
-
-# --- IGW: a PD pool beside a regular pool ------------------------------------------------------------
-
-
-def test_igw_serves_a_pd_pool_beside_a_regular_pool(sglang: Deployment, tmp_path: Path) -> None:
-    for control in sglang.controls.values():
-        control.reset()
-    regular = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", "regular-fixture"])
-    gateway: Spawned | None = None
-    try:
-        gateway = spawn_gateway(
-            [regular.url],
-            extra=["--enable-igw", "--pd-disaggregation", "--prefill", sglang.url("prefill"), "--decode",
-                   sglang.url("decode"), "--model-path", str(QWEN3)],
-        )
-        with EngineControl(target_of(regular.url)) as control:
-            control.script({"text": "Regular answer."})
-            sglang.controls["decode"].script({"text": "Pair answer."})
-            url = gateway.url + "/v1/messages"
-            pair = httpx.post(url, json=BODY, timeout=30.0)
-            single = httpx.post(url, json={**BODY, "model": "regular-fixture"}, timeout=30.0)
-            assert pair.status_code == 200 and single.status_code == 200, (pair.text, single.text)
-            assert pair.json()["content"][0]["text"] == "Pair answer."
-            assert single.json()["content"][0]["text"] == "Regular answer."
-            assert "disaggregated_params" not in control.received()[0]
-            assert len(sglang.controls["prefill"].received()) == 1
-            counted = httpx.post(url + "/count_tokens", json={"model": MODEL, "messages": USER}, timeout=30.0)
-            assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        regular.stop()
-
-
-# --- an unreachable leg: another pair ----------------------------------------------------------------
-
-
-def test_an_unreachable_decode_leg_gives_way_to_another_pair(sglang: Deployment, tmp_path: Path) -> None:
-    for control in sglang.controls.values():
-        control.reset()
-    gone = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", MODEL, "--role", "decode"])
-    gateway: Spawned | None = None
-    journal = tmp_path / "retry.db"
-    try:
-        gateway = spawn_gateway(
-            [],
-            journal=journal,
-            extra=["--pd-disaggregation", "--prefill", sglang.url("prefill"), "--decode", sglang.url("decode"),
-                   "--decode", gone.url, "--decode-policy", "round_robin", "--health-check-interval-secs", "3600",
-                   "--model-path", str(QWEN3)],
-        )
-        gone.stop()  # discovered, then gone: only a request finds out
-        sglang.controls["decode"].script({"text": "Still answered."}, default={"text": "Still answered."})
-        replies = [httpx.post(gateway.url + "/v1/messages", json=BODY, timeout=30.0) for _ in range(2)]
-        assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
-        assert all(r.json()["content"][0]["text"] == "Still answered." for r in replies)
-        assert len(sglang.controls["decode"].received()) == 2
-        journaled = [wait_for_events(journal, r.headers["x-request-id"]) for r in replies]
-        routed = [[(e.worker, e.attempt) for e in events if isinstance(e, Routed)] for events in journaled]
-        retried = [attempts for attempts in routed if len(attempts) == 4]
-        assert retried == [[(sglang.url("prefill"), 1), (gone.url, 1), (sglang.url("prefill"), 2),
-                            (sglang.url("decode"), 2)]], routed
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        gone.stop()
-
-
-def test_readiness_needs_a_healthy_worker_in_each_role(sglang: Deployment) -> None:
-    for control in sglang.controls.values():
-        control.reset()
-    fast = ["--health-check-interval-secs", "0.2", "--health-failure-threshold", "1", "--health-success-threshold", "1"]
-    gateway = spawn_gateway(
-        [],
-        extra=["--pd-disaggregation", "--prefill", sglang.url("prefill"), "--decode", sglang.url("decode"),
-               "--model-path", str(QWEN3), *fast],
-    )
-
-    def readiness() -> int:
-        return httpx.get(gateway.url + "/readiness", timeout=10.0).status_code
-
-    try:
-        eventually(lambda: readiness() == 200, "ready with both roles healthy")
-        sglang.controls["prefill"].health(False)
-        eventually(lambda: readiness() == 503, "not ready without a healthy prefill worker")
-        assert "grpc-pd workers not ready" in httpx.get(gateway.url + "/readiness").json()["reason"]
-        sglang.controls["prefill"].health(True)
-        eventually(lambda: readiness() == 200, "ready again")
-    finally:
-        sglang.controls["prefill"].health(True)
-        gateway.stop()

@@ -339,3 +339,67 @@ def test_a_body_only_the_standard_parser_takes_is_still_redacted() -> None:
     body = '{"x": NaN, "mcp_servers": [{"url": "https://u:p@mcp.example/sse"}]}'
     out = redact_body(body)
     assert "u:p@" not in out and out.startswith('{"x": NaN')
+
+
+def _body_ending_in(size: int, url: str) -> str:
+    """A request body of about `size` characters whose one message ends in an image at `url`."""
+    image = {"type": "image", "source": {"type": "url", "url": url}}
+    content = [{"type": "text", "text": "word " * (size // 5)}, image]
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]})
+
+
+async def test_a_large_body_is_redacted_by_the_writer_thread_not_on_the_callers_time(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from journal.writer import INLINE_REDACT_CHARS
+
+    bodies = {
+        "big": _body_ending_in(2 * INLINE_REDACT_CHARS, "https://ann:pw-big@host.example/x?token=tok-big"),
+        "small": _body_ending_in(1000, "https://bob:pw-small@host.example/x?token=tok-small"),
+    }
+    path = tmp_path / "j.db"
+    key = b"deployment secret"  # the big body's fingerprints are keyed as the small one's are
+    writer = JournalWriter(path, secret=key)
+    await writer.start()
+    tracemalloc.start()
+    try:
+        assert writer.offer("big", 1, Received(method="POST", path="/v1/messages", body=bodies["big"], ts=1.0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Redacting it there would have parsed and rewritten the body: copies of its size.
+    assert peak < len(bodies["big"]) // 8
+    await writer.append("small", 1, Received(method="POST", path="/v1/messages", body=bodies["small"], ts=1.0))
+    for request_id in bodies:
+        await writer.append(request_id, 2, Completed(status=200, duration_ms=1.0))
+    await writer.flush()
+    for file in [p for p in tmp_path.iterdir() if p.name.startswith("j.db")]:
+        data = file.read_bytes()
+        for secret in ("pw-big", "tok-big", "pw-small", "tok-small"):
+            assert secret.encode() not in data, (file.name, secret)
+    await writer.close()
+    with JournalReader(path) as reader:
+        for request_id, body in bodies.items():
+            (_, received), _ = reader.events(request_id)
+            assert isinstance(received, Received) and received.body is not None
+            assert received.body == redact_body(body, key) != redact_body(body)
+
+
+@pytest.mark.parametrize("shift", [0, 1, 9, 18, 19, 20])
+def test_a_key_across_two_scan_windows_is_found(shift: int) -> None:
+    from journal.redact import SCAN_WINDOW_CHARS
+
+    head = '{"pad": "' + "x" * (SCAN_WINDOW_CHARS - 20 + shift) + '", '
+    body = head + '"mcp_servers": [{"authorization_token": "tok-straddling"}]}'
+    out = redact_body(body)
+    assert "tok-straddling" not in out
+    assert json.loads(out)["mcp_servers"][0]["authorization_token"] == marker("tok-straddling")
+
+
+@pytest.mark.parametrize("shift", [0, 2, 3])
+def test_a_url_across_two_scan_windows_is_found(shift: int) -> None:
+    from journal.redact import SCAN_WINDOW_CHARS
+
+    head = '{"pad": "' + "x" * (SCAN_WINDOW_CHARS - 12 + shift) + '", "u": "https'
+    out = redact_body(head + '://u:pw-straddling@h.example/"}')
+    assert "pw-straddling" not in out

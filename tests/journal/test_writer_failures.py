@@ -52,8 +52,9 @@ async def test_a_full_disk_is_one_incident_and_serving_never_waits(
     assert stats["failing"] == 1 and stats["incidents"] == 1 and stats["events_dropped"] > 0
     held = stats["pending_events"] + stats["queue_depth"]
     assert held <= 400  # bounded: the queue plus the pending batches, max_held in all
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "cannot commit" in errors[0].getMessage()  # not one per batch
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sum("cannot commit" in e for e in errors) == 1  # not one per batch
+    assert sum("since the last line" in e for e in errors) == 1  # the first drop; then rate-limited
 
     await _fill_disk(writer, 1_000_000)  # space again
     await wait_until(lambda: writer.problem is None)
@@ -110,7 +111,7 @@ async def test_a_commit_waiting_on_a_lock_fills_the_held_buffer_and_logs_what_th
         for i in range(100):  # past max_held while the first commit still waits: dropped
             await writer.append(f"late{i}", 1, Tokens(ids=[i]))
         assert writer.stats["events_dropped"] > 0
-        await wait_until(lambda: writer.problem is not None)  # then that commit fails
+        await wait_until(lambda: writer.stats["failing"] == 1)  # then that commit fails
         for i in range(100):
             await writer.append(f"later{i}", 1, Tokens(ids=[i]))
     finally:
@@ -126,6 +127,48 @@ async def test_a_commit_waiting_on_a_lock_fills_the_held_buffer_and_logs_what_th
     logged = [r.getMessage() for r in caplog.records if "dropped during the incident" in r.getMessage()]
     assert len(logged) == 1 and f" {stats['events_dropped']} events were dropped" in logged[0], logged
     assert sum("cannot commit" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_every_drop_is_logged_and_counted_and_a_request_whose_completion_was_dropped_is_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, queue_size=50, max_held=200, drop_log_interval_s=3600)
+    await writer.start()
+    await writer.append("victim", 1, Received(method="POST", path="/v1/messages"))
+    await writer.flush()
+    assert writer.problem is None
+    caplog.set_level(logging.WARNING, logger="journal.writer")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        await writer.append("first", 1, Tokens(ids=[1]))
+        await wait_until(writer._stalled)
+        assert "has waited" in (writer.problem or "")  # stalled: not ready before anything is lost
+        for i in range(200):  # fills the held buffer
+            await writer.append(f"r{i}", 1, Tokens(ids=[i]))
+        await writer.append("victim", 2, Completed(status=200, duration_ms=1.0))  # dropped
+        await writer.append("ghost", 1, Received(method="POST", path="/v1/messages"))  # dropped too
+        await writer.append("ghost", 2, Completed(status=200, duration_ms=1.0))
+        dropped = writer.stats["events_dropped"]
+        assert dropped >= 3
+        lines = [r.getMessage() for r in caplog.records if "since the last line" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].startswith("journal: dropped 1 events since the last line (1 in")
+        assert writer.stats["failing"] == 0  # no commit has failed: the stall alone makes it failing
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    await wait_until(lambda: writer.problem is None)
+    await wait_until(lambda: db_count(path) == writer.stats["events_written"] and not writer._unclosed)
+    await writer.flush()
+    await writer.close()
+    lines = [r.getMessage() for r in caplog.records if "since the last line" in r.getMessage()]
+    assert len(lines) == 2 and lines[1].startswith(f"journal: dropped {dropped - 1} events since the last line")
+    assert any(f" {dropped} events were dropped during the incident" in r.getMessage() for r in caplog.records)
+    with JournalReader(path) as reader:
+        row = reader.get_request("victim")
+        assert row is not None and row["completed"] == 1 and row["error_code"] == "journal_events_dropped"
+        assert reader.get_request("ghost") is None  # nothing of it was stored: nothing to close
 
 
 async def test_a_writer_that_cannot_register_as_live_does_not_start(tmp_path: Path) -> None:

@@ -55,8 +55,10 @@ def scrape(port: int) -> Scrape:
     return Scrape(response.text)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def workers() -> Iterator[list[Spawned]]:
+    # One pair for the module: each test resets the workers it uses (scripts, records, held
+    # streams) and starts its own gateway, and none ends a worker.
     spawned = [spawn_worker(models=[MODEL]) for _ in range(2)]
     try:
         yield spawned

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from journal.events import Completed, Received
 from journal.reader import JournalReader
-from journal.redact import redact_value
+from journal.redact import read_secret, redact_value
 from journal.writer import JournalWriter
 from replay.remote import ReplayError, body_to_send, forwarded_headers, replay_to
 from smg.cli.main import app
@@ -85,14 +85,16 @@ async def test_the_replay_run_is_journaled_as_sent_and_reconstructs(
     assert mine[-1].kind == "completed"
     received: Any = mine[0]
     # As sent: the operator's key (redacted by the writer), the marker, no request id of the original.
-    assert received.headers["authorization"] == redact_value(f"Bearer {API_KEY}")
+    key = read_secret(replay_journal)  # beside the journal: the gateway keyed its fingerprints with it
+    assert key is not None
+    assert received.headers["authorization"] == redact_value(f"Bearer {API_KEY}", key)
     assert received.headers["x-smg-replay-of"] == traffic["tool-stream"]
     assert "x-request-id" not in received.headers
     assert reconstruct(mine).body == result.body
     # The gateway saw the same: its row is marked too, under an id of its own.
     served: Any = theirs[0]
     assert served.headers["x-smg-replay-of"] == traffic["tool-stream"]
-    assert served.headers["authorization"] == redact_value(f"Bearer {API_KEY}")
+    assert served.headers["authorization"] == redact_value(f"Bearer {API_KEY}", key)
 
 
 def test_secrets_come_from_the_operator_not_the_journal(
@@ -235,8 +237,8 @@ def _url_body(*urls: str) -> str:
     return json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": content}]})
 
 
-async def _record(journal: Path, request_id: str, body: str) -> None:
-    writer = JournalWriter(journal)
+async def _record(journal: Path, request_id: str, body: str, secret: bytes | None = None) -> None:
+    writer = JournalWriter(journal, secret=secret)
     await writer.start()
     await writer.append(request_id, 0, Received(method="POST", path="/v1/messages", body=body, ts=1.0))
     await writer.append(request_id, 1, Completed(status=200, duration_ms=1.0))
@@ -268,3 +270,16 @@ def test_a_url_whose_credentials_were_redacted_is_not_replayed_unless_supplied(t
     with pytest.raises(ReplayError, match="mcp.example") as refused:
         body_to_send(received.body, secret_urls=[SECRET_IMAGE])
     assert "img.example" not in str(refused.value)
+
+
+def test_a_url_redacted_with_the_journals_key_is_put_back_when_supplied(tmp_path: Path) -> None:
+    journal = tmp_path / "j.db"
+    (tmp_path / "smg-tenant.key").write_bytes(b"k" * 32)  # as the gateway writing the file keeps it
+    body = _url_body(SECRET_IMAGE)
+    asyncio.run(_record(journal, "keyed-url", body, secret=read_secret(journal)))
+    with JournalReader(journal) as reader:
+        received = reader.events("keyed-url")[0][1]
+    assert isinstance(received, Received) and received.body is not None and "image-secret" not in received.body
+    with pytest.raises(ReplayError, match="img.example"):
+        body_to_send(received.body, secret_urls=[SECRET_IMAGE])  # matched bare, it is not found
+    assert body_to_send(received.body, secret_urls=[SECRET_IMAGE], key=read_secret(journal)) == body

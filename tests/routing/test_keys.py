@@ -131,3 +131,23 @@ def test_affinity_key_is_a_stable_digest_of_the_first_identity_header() -> None:
     assert key != affinity_key({"x-forwarded-for": "10.1.1.1"})
     assert affinity_key({"cookie": "a=1"}) is not None
     assert affinity_key({"x-smg-routing-key": "k", "authorization": ""}) is None
+
+
+def test_the_routing_text_of_a_huge_prompt_is_its_bounded_prefix() -> None:
+    from smg.routing.policies.keys import ROUTING_TEXT_MAX_CHARS
+
+    part = "abcdefghi " * (ROUTING_TEXT_MAX_CHARS // 40)  # four parts together pass the bound
+    request = _request(system=part, messages=[{"role": "user", "content": [_text(part), _text(part)]}] * 2)
+    whole = " ".join([part] * 5)
+    text = routing_text(request)
+    assert len(whole) > ROUTING_TEXT_MAX_CHARS
+    assert text == whole[:ROUTING_TEXT_MAX_CHARS]
+
+
+def test_a_prompt_at_the_routing_bound_is_routed_whole() -> None:
+    from smg.routing.policies.keys import ROUTING_TEXT_MAX_CHARS
+
+    half = "x" * (ROUTING_TEXT_MAX_CHARS // 2)
+    request = _request(system=half, messages=[{"role": "user", "content": half[1:]}])
+    assert routing_text(request) == f"{half} {half[1:]}"
+    assert len(routing_text(request)) == ROUTING_TEXT_MAX_CHARS

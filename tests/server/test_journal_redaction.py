@@ -5,6 +5,8 @@ redacted forms still export as curl (a variable per secret header) and keep thei
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 from pathlib import Path
 
 import httpx
@@ -43,8 +45,11 @@ BODY = {
 }
 
 
-def _marker(secret: str) -> str:
-    return f"[redacted sha256:{hashlib.sha256(secret.encode()).hexdigest()[:12]}]"
+def _fingerprint(secret: str, journal_path: Path) -> str:
+    # Keyed with the deployment's secret beside the journal, as the tenant names are: a bare
+    # SHA-256 of a weak key is an offline oracle for it.
+    key = (journal_path.parent / "smg-tenant.key").read_bytes()
+    return hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 def test_credential_headers_and_url_credentials_are_journaled_redacted(
@@ -55,7 +60,9 @@ def test_credential_headers_and_url_credentials_are_journaled_redacted(
     received = wait_for_events(journal_path, "redact-by-rule")[0]
     assert isinstance(received, Received)
     for name, secret in HEADERS.items():
-        assert received.headers[name] == _marker(secret)  # the fingerprint, as for Authorization
+        fingerprint = _fingerprint(secret, journal_path)
+        assert fingerprint != hashlib.sha256(secret.encode()).hexdigest()[:12]
+        assert received.headers[name] == f"[redacted sha256:{fingerprint}]"  # as for Authorization
     assert received.body is not None and "mcp.example/sse?token=[redacted%20sha256:" in received.body
     for file in journal_path.parent.glob(journal_path.name + "*"):  # the WAL too
         data = file.read_bytes()
@@ -67,6 +74,24 @@ def test_credential_headers_and_url_credentials_are_journaled_redacted(
     assert '-H "x-goog-api-key: ${SMG_X_GOOG_API_KEY}"' in curl.stdout
     assert '-H "api-key: ${SMG_API_KEY}"' in curl.stdout
     assert not any(secret in curl.stdout for secret in (*HEADERS.values(), *URL_SECRETS))
+
+
+def test_key_queries_take_the_callers_key_or_its_keyed_fingerprint(
+    client: httpx.Client, scripted: Scripted, journal_path: Path
+) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    key = "sk-ant-operator-test-key-1"
+    response = client.post("/v1/messages", json=body, headers={"x-api-key": key, "x-request-id": "keyed-fp"})
+    assert response.status_code < 500, response.text
+    wait_for_events(journal_path, "keyed-fp")
+    fingerprint = _fingerprint(key, journal_path)
+    for query in (f"key:{key}", f"key:{fingerprint}"):
+        listed = CliRunner().invoke(app, ["journal", "ls", query, "-j", str(journal_path), "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert [row["client_id"] for row in json.loads(listed.stdout)] == ["keyed-fp"], query
+    bare = hashlib.sha256(key.encode()).hexdigest()[:12]  # what the journal stored before
+    listed = CliRunner().invoke(app, ["journal", "ls", f"key:{bare}", "-j", str(journal_path), "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == []
 
 
 ROUTING_HEADERS = {

@@ -139,3 +139,38 @@ def test_when_the_held_buffer_is_full_the_log_and_the_metric_count_the_same_drop
     assert log.count("journal: cannot commit") == 1
     counts = [int(n) for n in re.findall(r"(\d+) events were dropped during the incident", log)]
     assert counts == [dropped] and dropped > 0
+
+
+def test_readiness_says_the_journal_is_failing_while_it_drops_and_no_request_stays_in_flight(
+    worker: Spawned, tmp_path: Path
+) -> None:
+    journal = tmp_path / "dropping.db"
+    seen: list[httpx.Response] = []
+
+    def dropping(metrics: object) -> bool:
+        if metrics.value("smg_journal_events_dropped_total") == 0:  # type: ignore[attr-defined]
+            return False
+        seen.append(httpx.get(f"{gateway.url}/readiness"))
+        return True
+
+    with gateway_with_metrics(worker, journal, "--journal-max-held", "1000") as (gateway, port):
+        httpx.post(f"{gateway.url}/v1/messages", json=BODY, timeout=30).raise_for_status()
+        load = Load(gateway.url)
+        try:
+            _hold_lock_until(journal, port, dropping)
+        finally:
+            load.stop()
+        # Before, the gateway stayed ready while a commit stalled on the lock and dropped events.
+        assert seen[0].status_code == 503
+        assert seen[0].json()["status"] == "not ready" and seen[0].json()["reason"].startswith("journal: ")
+        _wait_ready(gateway.url)  # and ready again once commits resume
+        assert scrape(port).value("smg_journal_events_dropped_total") > 0
+        deadline = time.monotonic() + 60
+        while True:  # requests whose completion was dropped are closed once the writer caught up
+            with JournalReader(journal) as reader:
+                in_flight = reader.connection.execute("SELECT count(*) FROM requests WHERE completed = 0").fetchone()[0]
+            if in_flight == 0:
+                break
+            assert time.monotonic() < deadline, f"{in_flight} requests stay in flight"
+            time.sleep(0.1)
+    assert "since the last line" in gateway.log()

@@ -4,11 +4,16 @@
 case one fresh gateway that is sent one request whose 20 MiB sit in one part of the prompt
 (system, a tool description, ...): the gateway's CPU seconds for it and its peak RSS.
 
-``relay``: one gateway in front of the scripted HTTP worker; rounds of N concurrent 20 MiB
-bodies, the gateway's RSS after each round, and the latency of small requests sent meanwhile
-against their latency on an idle gateway.
+``relay``: one gateway in front of two scripted HTTP workers; rounds of N concurrent 20 MiB
+bodies, the gateway's RSS and CPU after each round, and the latency of small requests sent
+meanwhile to the other worker (median and p99) against their latency on the idle gateway, with
+the ratio.
 
-Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``
+``count``: one gateway in front of the scripted gRPC engine; N concurrent count_tokens of a big
+prompt, the gateway's CPU for them, and small requests meanwhile against their idle latency.
+
+Run: ``python -m tools.bench.big_bodies prompt [--cases system,tool] [--mib 20] [--root DIR]``,
+``python -m tools.bench.big_bodies count [--counts 3] [--mib 20] [--root DIR]``
 or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20] [--settle S] [--root DIR]``
 (``--root``: measure another checkout's gateway, e.g. a "before").
 """
@@ -16,6 +21,7 @@ or ``python -m tools.bench.big_bodies relay [--rounds 2] [--bodies 40] [--mib 20
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -36,9 +42,26 @@ MODEL = "qwen3-fixture"
 HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _figures(samples: list[float]) -> str:
+    if not samples:
+        return "none sent"
+    return f"median {statistics.median(samples) * 1e3:7.1f} ms, p99 {_p99(samples) * 1e3:7.1f} ms ({len(samples)} sent)"
 
 
 def _status_mb(pid: int, key: str) -> float:
@@ -121,49 +144,66 @@ def _probe(client: httpx.Client, raw: bytes, stop: threading.Event, into: list[f
         into.append(_timed(client, raw))
 
 
-def relay(args: argparse.Namespace) -> None:
-    small = orjson.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+def _send_bodies(bodies: int, mib: int, url: str) -> None:
+    """The big bodies, sent from a process of their own: the probe's latency is the gateway's,
+    not the wait of the benchmark's own threads for its GIL."""
     big = orjson.dumps(
-        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * ((args.mib << 20) // 5)}]}
+        {"model": "big", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * ((mib << 20) // 5)}]}
     )
-    worker = spawn_worker(models=["m"])
+    _concurrently(bodies, lambda c: _timed(c, big), url)
+
+
+def relay(args: argparse.Namespace) -> None:
+    small = orjson.dumps({"model": "small", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    # The small requests go to a worker of their own: what is measured is the gateway's delay,
+    # not the big bodies' worker's.
+    big_worker, small_worker = spawn_worker(models=["big"]), spawn_worker(models=["small"])
     gateway = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             # Forty bodies of 20 MiB take longer than the default 30 s to arrive on a busy machine.
             slow = ["--header-read-timeout-secs", "600"]
-            gateway = spawn_gateway([worker.url], journal=Path(tmp) / "j.db", extra=slow, root=args.root)
+            workers = [big_worker.url, small_worker.url]
+            gateway = spawn_gateway(workers, journal=Path(tmp) / "j.db", extra=slow, root=args.root)
             pid = gateway.proc.pid
             with httpx.Client(base_url=gateway.url, timeout=600) as client:
-                idle = [_timed(client, small) for _ in range(50)]
-            print(
-                f"idle small request: median {statistics.median(idle) * 1e3:.1f} ms; rss {_status_mb(pid, 'VmRSS')} MB"
-            )
+                idle = [_timed(client, small) for _ in range(100)]
+            print(f"idle small request:          {_figures(idle)}; rss {_status_mb(pid, 'VmRSS')} MB")
             for n in range(1, args.rounds + 1):
                 busy: list[float] = []
                 stop = threading.Event()
                 with httpx.Client(base_url=gateway.url, timeout=600) as probe_client:
                     prober = threading.Thread(target=_probe, args=(probe_client, small, stop, busy))
                     prober.start()
-                    cpu0 = _cpu_seconds(pid)
-                    _concurrently(args.bodies, lambda c: _timed(c, big), gateway.url)
+                    (user0, sys0), t0 = _cpu_split(pid), time.perf_counter()
+                    sender = multiprocessing.get_context("spawn").Process(
+                        target=_send_bodies, args=(args.bodies, args.mib, gateway.url)
+                    )
+                    sender.start()
+                    sender.join()
+                    wall = time.perf_counter() - t0
                     stop.set()
                     prober.join()
-                cpu = _cpu_seconds(pid) - cpu0
-                med = statistics.median(busy) if busy else float("nan")
-                worst = max(busy) if busy else float("nan")
+                if sender.exitcode != 0:
+                    raise SystemExit(f"the big bodies' sender failed ({sender.exitcode})")
+                user1, sys1 = _cpu_split(pid)
+                rss, peak = _status_mb(pid, "VmRSS"), _status_mb(pid, "VmHWM")
                 print(
-                    f"round {n}: {args.bodies} x {args.mib} MiB; cpu {cpu:.1f} s; small request meanwhile: "
-                    f"median {med * 1e3:.1f} ms, max {worst * 1e3:.1f} ms ({len(busy)} sent); "
-                    f"rss after {_status_mb(pid, 'VmRSS')} MB, peak {_status_mb(pid, 'VmHWM')} MB",
+                    f"round {n}: {args.bodies} x {args.mib} MiB in {wall:.1f} s; gateway cpu "
+                    f"user {user1 - user0:.1f} s, sys {sys1 - sys0:.1f} s; rss after {rss} MB, peak {peak} MB",
                     flush=True,
                 )
+                print(f"  small request meanwhile:   {_figures(busy)}")
+                if busy:
+                    ratio = statistics.median(busy) / statistics.median(idle)
+                    print(f"  under load / idle:         median x{ratio:.1f}, p99 x{_p99(busy) / _p99(idle):.1f}")
                 time.sleep(args.settle)  # the journal commits what it holds; freed memory is released
                 print(f"  rss {args.settle:g} s later: {_status_mb(pid, 'VmRSS')} MB", flush=True)
     finally:
         if gateway is not None:
             gateway.stop()
-        worker.stop()
+        big_worker.stop()
+        small_worker.stop()
 
 
 def _concurrently(n: int, one: Callable[[httpx.Client], float], url: str) -> None:
@@ -185,6 +225,67 @@ def _concurrently(n: int, one: Callable[[httpx.Client], float], url: str) -> Non
         raise errors[0]
 
 
+def _send_counts(counts: int, mib: int, url: str) -> None:
+    """The big count_tokens requests, from a process of their own (see `_send_bodies`)."""
+    big = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "word " * ((mib << 20) // 5)}]})
+
+    def one(client: httpx.Client) -> float:
+        t0 = time.perf_counter()
+        client.post("/v1/messages/count_tokens", content=big, headers=HEADERS).raise_for_status()
+        return time.perf_counter() - t0
+
+    _concurrently(counts, one, url)
+
+
+def count(args: argparse.Namespace) -> None:
+    """N concurrent count_tokens of a big prompt on one gateway in front of the scripted gRPC
+    engine, and small Messages requests meanwhile against their latency on the idle gateway."""
+    small = orjson.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    engine = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", MODEL])
+    gateway = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            gateway = spawn_gateway(
+                [engine.url],
+                journal=Path(tmp) / "j.db",
+                extra=["--model-path", str(QWEN3), "--header-read-timeout-secs", "600"],
+                root=args.root,
+            )
+            pid = gateway.proc.pid
+            with httpx.Client(base_url=gateway.url, timeout=600) as client:
+                idle = [_timed(client, small) for _ in range(100)]
+            print(f"idle small request:          {_figures(idle)}")
+            busy: list[float] = []
+            stop = threading.Event()
+            with httpx.Client(base_url=gateway.url, timeout=600) as probe_client:
+                prober = threading.Thread(target=_probe, args=(probe_client, small, stop, busy))
+                prober.start()
+                (user0, sys0), t0 = _cpu_split(pid), time.perf_counter()
+                sender = multiprocessing.get_context("spawn").Process(
+                    target=_send_counts, args=(args.counts, args.mib, gateway.url)
+                )
+                sender.start()
+                sender.join()
+                wall = time.perf_counter() - t0
+                stop.set()
+                prober.join()
+            if sender.exitcode != 0:
+                raise SystemExit(f"the count_tokens sender failed ({sender.exitcode})")
+            user1, sys1 = _cpu_split(pid)
+            print(
+                f"{args.counts} x count_tokens of {args.mib} MiB in {wall:.1f} s; gateway cpu "
+                f"user {user1 - user0:.1f} s, sys {sys1 - sys0:.1f} s; peak {_status_mb(pid, 'VmHWM')} MB"
+            )
+            print(f"  small request meanwhile:   {_figures(busy)}")
+            if busy:
+                ratio = statistics.median(busy) / statistics.median(idle)
+                print(f"  under load / idle:         median x{ratio:.1f}, p99 x{_p99(busy) / _p99(idle):.1f}")
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        engine.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -198,8 +299,12 @@ def main() -> None:
     r.add_argument("--mib", type=int, default=20)
     r.add_argument("--settle", type=float, default=10.0)
     r.add_argument("--root", type=Path, default=None)
+    c = sub.add_parser("count")
+    c.add_argument("--counts", type=int, default=3)
+    c.add_argument("--mib", type=int, default=20)
+    c.add_argument("--root", type=Path, default=None)
     args = parser.parse_args()
-    prompt(args) if args.mode == "prompt" else relay(args)
+    {"prompt": prompt, "relay": relay, "count": count}[args.mode](args)
 
 
 if __name__ == "__main__":

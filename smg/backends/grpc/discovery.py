@@ -1,7 +1,8 @@
 """What a gRPC engine serves and whether it is up, and getting its model a tokenizer.
 
 At start and on a schedule each engine is asked `GetModelInfo` (model id, context window,
-eos ids, sampling defaults) and `HealthCheck`. The first time a model is seen, its tokenizer
+eos ids, sampling defaults) and `HealthCheck`; under `--dp-aware`, `GetServerInfo` too, for the
+data-parallel ranks the router expands the worker into. The first time a model is seen, its tokenizer
 is registered: from `--tokenizer-path`/`--model-path` when given, else (autoload) from the
 engine's own `tokenizer_path`/`model_path` when that directory exists here, else from the
 engine's `GetTokenizer` bundle.
@@ -13,9 +14,10 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from smg.backends.base import Discovery, WorkerUnreachable
-from smg.backends.grpc.types import EngineClient, EngineError, EngineInfo
+from smg.backends.grpc.types import EngineClient, EngineError, EngineInfo, EngineLoad
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
 
 log = logging.getLogger("smg.grpc.discovery")
@@ -30,10 +32,25 @@ class EngineWorker:
     runtime: str
     info: EngineInfo | None = None
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    loads: EngineLoad | None = None  # its last GetLoads answer, every rank's
 
 
-async def describe(engine: EngineWorker, timeout: float = 5.0) -> Discovery:
-    """Ask the engine what it serves and whether it is up. Raises `WorkerUnreachable`."""
+def dp_size_of(server_info: dict[str, Any]) -> int | None:
+    """The data-parallel ranks a `GetServerInfo` answer names: SGLang's and TokenSpeed's
+    `server_args.dp_size`, vLLM's `data_parallel_size`; None when it names none (TRT-LLM, MLX,
+    a ZMQ worker, whose engines are its ranks already)."""
+    args = server_info.get("server_args")
+    value = args.get("dp_size") if isinstance(args, dict) else None
+    if value is None:
+        value = server_info.get("data_parallel_size")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or value != int(value):
+        return None
+    return int(value)
+
+
+async def describe(engine: EngineWorker, timeout: float = 5.0, *, dp_aware: bool = False) -> Discovery:
+    """Ask the engine what it serves and whether it is up (`dp_aware`: and how many
+    data-parallel ranks it has). Raises `WorkerUnreachable`."""
     try:
         info = await asyncio.wait_for(engine.client.model_info(), timeout)
         healthy = await asyncio.wait_for(engine.client.health(), timeout)
@@ -42,7 +59,19 @@ async def describe(engine: EngineWorker, timeout: float = 5.0) -> Discovery:
     except TimeoutError:
         raise WorkerUnreachable(f"no answer within {timeout:g} s") from None
     engine.info = info
-    return Discovery(models={info.model_id: info.max_context_length}, healthy=healthy, runtime=engine.runtime)
+    dp_size = await _dp_size(engine, timeout) if dp_aware else None
+    return Discovery(
+        models={info.model_id: info.max_context_length}, healthy=healthy, runtime=engine.runtime, dp_size=dp_size
+    )
+
+
+async def _dp_size(engine: EngineWorker, timeout: float) -> int | None:
+    try:
+        return dp_size_of(await asyncio.wait_for(engine.client.server_info(), timeout))
+    except (EngineError, TimeoutError) as exc:
+        # Served as one worker, as an HTTP worker whose /server_info does not answer is.
+        log.warning("worker %s: GetServerInfo not read (%s); its data-parallel ranks are not known", engine.url, exc)
+        return None
 
 
 async def check_health(engine: EngineWorker, timeout: float) -> bool:

@@ -1,8 +1,10 @@
 """gRPC prefill/decode deployments: one generation served by a pair of engines, and EPD pools.
 
-Everything up to the first engine call is the gRPC connector's (`EngineConnector.serve`): the
-refusals, the rendered prompt, count_tokens and `max_tokens: 0` answered by the gateway (the
-prompt checked against the smallest window of the pool). Each attempt is a pair chosen by the
+It composes the gRPC connector's parts: its engines (`EngineWorkers`), the way to the first
+engine call (`Front`, around the pure `smg.pipeline.prepare`: the refusals, the rendered
+prompt, count_tokens and `max_tokens: 0` answered by the gateway, the prompt checked against the
+smallest window of the pool), and its engine calls, the decode leg read through the same
+generation session (`smg.pipeline.session`) as a single engine's. Each attempt is a pair chosen by the
 router (`PairLease`); the prompt must fit both legs' context windows, and both legs speak the
 same runtime:
 
@@ -15,6 +17,11 @@ same runtime:
   engine's KV connector (NIXL: `do_remote_decode`; Mooncake: a transfer id the gateway mints);
   after its `complete`, the decode leg carries the KV params the prefill returned (Mooncake:
   synthesized from the prefill worker's bootstrap address and engine id).
+
+Under `--dp-aware` each leg is a rank of its engine (`url@rank`) and carries its own rank as the
+engine's `data_parallel_rank`, as the reference's gRPC router sends it (no proto has a field for
+the prefill's rank on the decode leg; a Mooncake decode leg names the prefill core's engine id,
+`{id}_dp{rank}`).
 
 Both legs share one engine request id per dispatch, `<message id>-<uuid>`. A prefill leg that
 fails ends the request with `Prefill stream error: …` and the status its failure maps to; an
@@ -51,10 +58,11 @@ from urllib.parse import urlsplit
 
 from journal.events import Event, Upstream
 from smg.backends.base import Attempts, Call, Discovery, Failure, Lease, PairLease, Target
-from smg.backends.grpc.backend import EngineConnector, Prepared, error_event
+from smg.backends.grpc.backend import EngineConnector
+from smg.backends.grpc.calls import settle
 from smg.backends.grpc.discovery import EngineWorker
 from smg.backends.grpc.engines.tokenspeed import TokenSpeedClient
-from smg.backends.grpc.request import engine_failure, public_detail
+from smg.backends.grpc.request import engine_call
 from smg.backends.grpc.types import (
     Bootstrap,
     EncodeBootstrap,
@@ -63,6 +71,9 @@ from smg.backends.grpc.types import (
     EngineEvent,
     GenerateCall,
 )
+from smg.pipeline.engine import engine_failure, public_detail
+from smg.pipeline.prepare import Prepared, check_window
+from smg.pipeline.session import Session, error_event
 from smg.pipeline.vision import VisionItem
 from smg.protocol.errors import ApiError
 
@@ -152,10 +163,19 @@ class KvConnector:
         return cls(name=str(name or ""), engine_id=str(engine_id or ""))
 
 
+def engine_id_of(connector: KvConnector, prefill: Target) -> str:
+    """The KV engine id of the core serving the prefill leg: with data parallelism each core
+    suffixes the configured id with its rank (`{id}_dp{rank}`), so a rank-pinned prefill names
+    its own core's."""
+    if prefill.dp_rank is None:
+        return connector.engine_id
+    return f"{connector.engine_id}_dp{prefill.dp_rank}"
+
+
 def vllm_legs(call: GenerateCall, connector: KvConnector, prefill: Target) -> tuple[GenerateCall, str | None]:
     """The vLLM prefill leg's call, and the decode leg's KV params when the gateway makes
     them itself (Mooncake; otherwise they are what the prefill returns)."""
-    leg = replace(call, max_tokens=1, stream=False)
+    leg = replace(call, max_tokens=1, stream=False, dp_rank=prefill.dp_rank)
     if connector.name == "NixlConnector":
         return replace(leg, kv_transfer_params=NIXL_PREFILL_PARAMS), None
     if connector.name == "MooncakeConnector" and connector.engine_id:
@@ -167,7 +187,7 @@ def vllm_legs(call: GenerateCall, connector: KvConnector, prefill: Target) -> tu
             "do_remote_decode": False,
             "do_remote_prefill": True,
             "transfer_id": transfer,
-            "remote_engine_id": connector.engine_id,
+            "remote_engine_id": engine_id_of(connector, prefill),
             "remote_bootstrap_addr": f"http://{host}:{port}",
         }
         return replace(leg, kv_transfer_params=json.dumps(prefill_params)), json.dumps(decode_params)
@@ -239,7 +259,9 @@ class GrpcPdConnector:
     def __init__(self, grpc: EngineConnector, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
         # The journal's backend name, the pool's (`smg.routing.pools`): `grpc-pd`, `grpc-epd`.
         self.name = "grpc-epd" if "encode" in roles else "grpc-pd"
-        self._grpc = grpc
+        # The parts of the gRPC connector, shared with it: its engines and tokenizers, the way
+        # to the first engine call, and the engine calls with their aborts.
+        self._workers, self._front, self._calls = grpc.workers, grpc.front, grpc.calls
         self._roles = roles  # the roles that must each have a healthy worker (EPD: encode too)
         self._kv_connectors: dict[str, KvConnector] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -256,37 +278,46 @@ class GrpcPdConnector:
         await asyncio.gather(*self._retiring, return_exceptions=True)
 
     async def discover(self, target: Target) -> Discovery:
-        return await self._grpc.discover(target)
+        return await self._workers.discover(target)
 
     async def check_health(self, target: Target, timeout: float, endpoint: str) -> bool:
-        return await self._grpc.check_health(target, timeout, endpoint)
+        return await self._workers.check_health(target, timeout)
 
     async def forget(self, target: Target) -> None:
         self._kv_connectors.pop(target.id, None)
-        await self._grpc.forget(target)
+        await self._workers.forget(target)
 
     async def load(self, target: Target) -> int | None:
-        return await self._grpc.load(target)
+        return await self._workers.load(target)
+
+    def kv_tokens(self, target: Target) -> int | None:
+        return self._workers.kv_tokens(target)
 
     def ready(self, targets: Sequence[Target]) -> bool:
         """Every role has a healthy worker, as the reference's readiness asks of a PD or EPD
         deployment, and their models have tokenizers."""
         roles = {t.role for t in targets if t.models}
-        return all(role in roles for role in self._roles) and self._grpc.ready(targets)
+        return all(role in roles for role in self._roles) and self._workers.ready(targets)
 
     # requests
 
-    def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
-        multimodal = "encode" in self._roles
-        return self._grpc.serve(call, pool, attempts, self._generate, multimodal=multimodal, backend=self.name)
+    async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
+        taken = await self._front.take(call, pool, multimodal="encode" in self._roles, backend=self.name)
+        if not isinstance(taken, Prepared):
+            for event in taken:
+                yield event
+            return
+        async for event in self._generate(taken, attempts):
+            yield event
 
     async def _generate(self, prepared: Prepared, attempts: Attempts) -> AsyncGenerator[Event, None]:
-        grpc = self._grpc
+        workers, calls = self._workers, self._calls
+        session: Session | None = None
         async for lease in attempts:
             pair = cast(PairLease, lease)
             prefill, decode = pair.prefill.target, pair.target
-            prefill_engine = await grpc.engine_for(prefill)
-            decode_engine = await grpc.engine_for(decode)
+            prefill_engine = await workers.engine(prefill)
+            decode_engine = await workers.engine(decode)
             runtime = decode_engine.runtime
             if prefill_engine.runtime != runtime:
                 raise ApiError(
@@ -297,11 +328,17 @@ class GrpcPdConnector:
                 )
             if runtime not in PARALLEL_RUNTIMES | SEQUENTIAL_RUNTIMES:
                 raise runtime_not_supported(runtime)
-            grpc.check_window(prepared, prefill)
-            grpc.check_window(prepared, decode)
+            check_window(prepared, prefill.context_windows.get(prepared.model))
+            check_window(prepared, decode.context_windows.get(prepared.model))
             request_id = f"{prepared.message_id}-{uuid.uuid4()}"
             # Sampling defaults are the decode worker's: it produces the visible tokens.
-            decode_call = grpc.engine_call(prepared, decode_engine, request_id)
+            decode_call = engine_call(
+                prepared,
+                runtime=runtime,
+                defaults=decode_engine.sampling_defaults,
+                request_id=request_id,
+                dp_rank=decode.dp_rank,
+            )
             encoders: list[tuple[Lease, EngineWorker, EncodeBootstrap]] = []
             if prepared.images:
                 if runtime != "tokenspeed":
@@ -311,13 +348,16 @@ class GrpcPdConnector:
                 for index, image in enumerate(prepared.images):
                     lease = pair.encoder(image.content_hash.hex())
                     yield lease.routed
-                    engine = await grpc.engine_for(lease.target)
+                    engine = await workers.engine(lease.target)
                     encoders.append((lease, engine, encode_bootstrap_for(lease.target, index)))
             yield pair.prefill.routed
             yield pair.routed
-            events, attempt = grpc.begin(prepared, decode_engine, decode_call)
-            for event in events:
-                yield event
+            if session is None:
+                eos = decode_engine.info.eos_token_ids if decode_engine.info else []
+                session, rendered = Session.start(prepared, eos, decode_call.stop_token_ids)
+                yield rendered
+            else:
+                session.attempt()
             if encoders:
                 outcomes = await self._encode(prepared.images, encoders, request_id)
                 for record, _ in outcomes:
@@ -330,7 +370,9 @@ class GrpcPdConnector:
                 decode_call = replace(decode_call, send_pixels=False)
             if runtime in PARALLEL_RUNTIMES:
                 decode_call = replace(decode_call, bootstrap=bootstrap_for(prefill, runtime))
-                prefill_call = replace(decode_call, encode_bootstrap=[b for _, _, b in encoders])
+                prefill_call = replace(
+                    decode_call, encode_bootstrap=[b for _, _, b in encoders], dp_rank=prefill.dp_rank
+                )
             else:
                 connector = await self._kv_connector(prefill, prefill_engine)
                 prefill_call, decode_params = vllm_legs(decode_call, connector, prefill)
@@ -362,7 +404,7 @@ class GrpcPdConnector:
                 # The client went away (or the gateway stops) while the prefill ran.
                 prefill_task.cancel()
                 await asyncio.gather(prefill_task, return_exceptions=True)
-                grpc.abort(prefill_engine.client, request_id)
+                calls.abort(prefill_engine.client, request_id)
                 if first is not None and decode_stream is not None:
                     self._retire(decode_engine, request_id, first, decode_stream)
                 raise
@@ -375,20 +417,10 @@ class GrpcPdConnector:
                 else:
                     log.info("vLLM prefill %s returned no KV params: decode recomputes the prompt", prefill.url)
             stream = _resumed(first, decode_stream) if first is not None and decode_stream is not None else None
-            try:
-                async for event in grpc.run(decode_engine, decode_call, attempt, stream):
-                    yield event
-            except EngineError as exc:
-                err = engine_failure(exc, started=attempt.started)
-                if exc.unavailable and not attempt.started:
-                    log.warning("decode worker %s unreachable (%s)", decode.url, exc.message)
-                    pair.failed(Failure("unavailable", err))
-                    continue
-                pair.answered(err.status)
-                yield error_event(err)
+            async for event in calls.drive(decode_engine.client, decode_call, session, stream):
+                yield event
+            if not settle(pair, session, role="decode worker"):
                 return
-            pair.answered(200)
-            return
 
     async def _encode(
         self,
@@ -447,7 +479,7 @@ class GrpcPdConnector:
             except Exception:
                 pass  # the leg failed or never answered: abort it all the same
             await _close_started(first, rest)
-            self._grpc.abort(engine.client, request_id)
+            self._calls.abort(engine.client, request_id)
 
         task = asyncio.get_running_loop().create_task(retire(), name=f"smg-retire-{request_id}")
         self._retiring.add(task)

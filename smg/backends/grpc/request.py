@@ -3,19 +3,19 @@
 Owns the per-engine rules of the spec: which stop sequences the engine matches itself and
 which only the gateway matches (SGLang gets single-token stops as ids, never strings), the
 sampling values (the request's, else the worker's defaults, else the engine's neutral
-ones), the MLX refusals, and what the gRPC path cannot serve (`output_format`; images, but on
-an EPD deployment).
+ones), the data-parallel rank of a rank-pinned worker, the MLX refusals, and what the gRPC
+path cannot serve (`output_format`; images, but on an EPD deployment). `engine_call` is one
+attempt's call for a prepared generation (`smg.pipeline.prepare`).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from smg.backends.grpc.types import EngineError, GenerateCall
+from smg.backends.grpc.types import GenerateCall
 from smg.pipeline.constraints import Constraint
+from smg.pipeline.prepare import Prepared
 from smg.pipeline.render import Prompt
-from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.errors import ApiError
 
 # Engines that take stop strings and match them themselves (the gateway still trims).
@@ -80,16 +80,6 @@ def check_servable(request: Any, runtime: str, *, generating: bool, images: bool
         )
 
 
-def stop_token_map(tokenizer: Tokenizer, stops: list[str]) -> dict[int, str]:
-    """Each stop sequence that encodes to exactly one token, by that token id."""
-    out: dict[int, str] = {}
-    for stop in stops:
-        token = tokenizer.token_id(stop)
-        if token is not None:
-            out.setdefault(token, stop)
-    return out
-
-
 def generate_call(
     request: Any,
     prompt: Prompt,
@@ -100,7 +90,9 @@ def generate_call(
     defaults: dict[str, float],
     stream: bool,
     constraint: Constraint | None = None,
+    dp_rank: int | None = None,
 ) -> GenerateCall:
+    """The engine call for one attempt (`dp_rank`: the rank the chosen worker is pinned to)."""
     stops = list(request.stop_sequences or [])
 
     def pick(name: str) -> float | None:
@@ -123,39 +115,37 @@ def generate_call(
         stream=stream,
         constraint=constraint,
         require_reasoning=prompt.thinking is True,
+        dp_rank=dp_rank,
     )
 
 
-# Where a worker is, as engines and the gRPC stack spell it: a URL, a resolver target
-# (`ipv4:…`, `unix:…`), an IP address (v4, or v6 in brackets), a host with a port.
-_ADDRESS = re.compile(
-    r"\b[a-z][a-z0-9+.-]*://[^\s,;'\")]+"
-    r"|\b(?:ipv4|ipv6|unix|unix-abstract|dns|vsock):[^\s,;'\")]+"
-    r"|\[[0-9a-f:.%]+\](?::\d+)?"
-    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"
-    r"|\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*:\d{2,5}\b",
-    re.IGNORECASE,
-)
-
-
-def public_detail(exc: EngineError) -> str:
-    """An engine error's words as a client may read them: every worker address left out."""
-    return _ADDRESS.sub("the worker", exc.message or exc.code)
-
-
-def engine_failure(exc: EngineError, *, started: bool) -> ApiError:
-    """An engine's refusal or failure, as the client is told it (its words, addresses left out;
-    the journal's error event keeps them whole in `detail`)."""
-    detail = public_detail(exc)
-    full = f"{exc.code}: {exc.message}" if exc.message else exc.code
-    if started:
-        return ApiError(500, f"Stream error: {detail}", code="engine_stream_error", detail=full)
-    if exc.code in ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION"):
-        return ApiError(400, f"The engine refused the request: {detail}", code="engine_rejected_request", detail=full)
-    if exc.code == "RESOURCE_EXHAUSTED":
-        return ApiError(503, f"The engine is overloaded: {detail}", code="engine_overloaded", detail=full)
-    if exc.code == "DEADLINE_EXCEEDED":
-        return ApiError(504, f"The engine did not answer in time: {detail}", code="engine_timeout", detail=full)
-    if exc.unavailable:
-        return ApiError(502, f"The engine is unreachable: {detail}", code="engine_unavailable", detail=full)
-    return ApiError(500, f"The engine failed: {detail}", code="engine_error", detail=full)
+def engine_call(
+    prepared: Prepared, *, runtime: str, defaults: dict[str, float], request_id: str, dp_rank: int | None = None
+) -> GenerateCall:
+    """One attempt's engine call for a prepared generation, on an engine of `runtime` with its
+    worker's sampling defaults (`dp_rank`: the chosen worker's data-parallel rank). Raises
+    `ApiError` for what the runtime cannot serve."""
+    plan = prepared.plan
+    if plan.constraint is not None and runtime == "mlx":
+        raise ApiError(
+            400,
+            "Invalid request parameters: MLX backend does not support structured output constraint: "
+            f"{plan.constraint[0]}",
+            code="invalid_request_parameters",
+        )
+    call = generate_call(
+        prepared.request,
+        prepared.prompt,
+        request_id=request_id,
+        runtime=runtime,
+        stop_ids=prepared.stop_ids,
+        defaults=defaults,
+        stream=prepared.stream,
+        constraint=plan.constraint,
+        dp_rank=dp_rank,
+    )
+    call.images = list(prepared.images)
+    call.merge_chunks = not prepared.settings.stop_sequences
+    # An engine without a tokenizer (ZMQ) is told where to stop.
+    call.eos_token_ids = list(prepared.tokenizer.eos_token_ids)
+    return call

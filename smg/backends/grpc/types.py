@@ -2,7 +2,8 @@
 
 Each engine protocol (SGLang scheduler, vLLM engine, TensorRT-LLM, TokenSpeed, MLX) maps these
 to and from its own protobuf messages in `smg.backends.grpc.engines`; nothing above that layer
-sees a protobuf type.
+sees a protobuf type. What an engine answers (`EngineChunk`, `EngineDone`, `EngineError`) is the
+pipeline's vocabulary (`smg.pipeline.engine`), the generation session's input.
 """
 
 from __future__ import annotations
@@ -12,7 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from smg.pipeline.constraints import ConstraintKind
+from smg.pipeline.engine import EngineChunk, EngineDone, EngineError, EngineEvent
 from smg.pipeline.vision import VisionItem
+
+__all__ = [
+    "Bootstrap",
+    "EncodeBootstrap",
+    "EngineChunk",
+    "EngineClient",
+    "EngineDone",
+    "EngineError",
+    "EngineEvent",
+    "EngineInfo",
+    "EngineLoad",
+    "GenerateCall",
+]
 
 
 @dataclass(frozen=True)
@@ -69,34 +84,11 @@ class GenerateCall:
     images: list[VisionItem] = field(default_factory=list)
     send_pixels: bool = True
     encode_bootstrap: list[EncodeBootstrap] = field(default_factory=list)  # the prefill leg's (EPD)
+    # `--dp-aware`: the data-parallel rank this leg is pinned to (the worker's `url@rank`), sent
+    # as SGLang's, vLLM's and TokenSpeed's `data_parallel_rank`; TRT-LLM and MLX have no field.
+    dp_rank: int | None = None
 
 
-@dataclass
-class EngineChunk:
-    """New output tokens. `completion_tokens` is the running total, whatever the engine sends."""
-
-    token_ids: list[int]
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-
-
-@dataclass
-class EngineDone:
-    """The end of a generation. `token_ids` are output tokens no chunk delivered (all of them
-    for a non-streaming call); `completion_tokens` is the total."""
-
-    finish_reason: str  # "stop" | "length" | "abort" | engine-specific
-    prompt_tokens: int
-    completion_tokens: int
-    token_ids: list[int] = field(default_factory=list)
-    matched_token_id: int | None = None
-    matched_stop_str: str | None = None
-    cached_tokens: int = 0
-    kv_transfer_params: str | None = None  # vLLM: what a prefill leg returns for its decode leg
-
-
-EngineEvent = EngineChunk | EngineDone
 
 
 @dataclass
@@ -115,6 +107,15 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
+class RankLoad:
+    """One data-parallel rank's share of a `GetLoads` answer."""
+
+    dp_rank: int
+    requests: int  # running and waiting
+    used_tokens: int  # KV-cache tokens in use
+
+
+@dataclass(frozen=True)
 class EngineLoad:
     """What `GetLoads` says of an engine's work: counts and rates summed over its data-parallel
     ranks, KV-cache use averaged over them (what the reference gateway's load policies score)."""
@@ -129,20 +130,13 @@ class EngineLoad:
     max_total_tokens: int = 0  # KV-cache capacity in tokens, 0 when not reported
     max_running_requests: int = 0
     dp_ranks: int = 1
+    ranks: tuple[RankLoad, ...] = ()  # each rank's own counts, for workers pinned to a rank (--dp-aware)
 
-
-class EngineError(Exception):
-    """The engine refused or failed a call. `code` is the gRPC status name (e.g. `INVALID_ARGUMENT`)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    @property
-    def unavailable(self) -> bool:
-        """Nothing answered (connection refused, engine gone): the worker is down, not the request bad."""
-        return self.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+    def rank(self, dp_rank: int | None) -> RankLoad | None:
+        """The rank's own counts (None for an unpinned worker or a rank the answer leaves out)."""
+        if dp_rank is None:
+            return None
+        return next((r for r in self.ranks if r.dp_rank == dp_rank), None)
 
 
 class EngineClient(Protocol):

@@ -48,12 +48,20 @@ def _chat_template_utils() -> Any:
 
         return chat_template_utils
 
+
 ContentFormat = Literal["string", "openai"]
 
 _PROBE: list[dict[str, Any]] = [{"role": "user", "content": "ping"}]
 
 
 _ENCODE_WITH_GIL_CHARS = 16_384
+LONG_TEXT_CHARS = 1 << 20
+"""A text this long or longer is tokenized by at most `LONG_ENCODES_AT_ONCE` threads at a time."""
+LONG_ENCODES_AT_ONCE = 1
+# Tokenizing megabytes takes seconds of one core per request (a count_tokens of 20 MiB counts
+# whatever its length): one at a time, a burst of them keeps to one core and the other requests
+# keep theirs. The waiting is done by the worker thread that asked, never by the event loop.
+_LONG_ENCODES = threading.BoundedSemaphore(LONG_ENCODES_AT_ONCE)
 
 
 class ChatTemplateError(Exception):
@@ -130,12 +138,21 @@ class Tokenizer:
         """Token ids of `text` with no special tokens added: the chat template writes BOS etc."""
         if self._backend is None:
             return list(self._hf.encode(text, add_special_tokens=False))
+        if len(text) >= LONG_TEXT_CHARS:
+            with _LONG_ENCODES:
+                return self._encode_released(text)
         if len(text) > _ENCODE_WITH_GIL_CHARS:
-            # `encode_batch` releases the GIL while it works (`encode` does not): a long prompt
-            # tokenized in a worker thread then leaves the event loop free.
-            batch: list[int] = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
-            return batch
+            return self._encode_released(text)
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def _encode_released(self, text: str) -> list[int]:
+        # `encode_batch_fast` releases the GIL while it works (`encode` does not): a long prompt
+        # tokenized in a worker thread then leaves the event loop free. It computes no character
+        # offsets (the gateway uses none), a quarter of the CPU of `encode_batch`, same ids.
+        backend = self._backend
+        encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        ids: list[int] = encode_batch([text], add_special_tokens=False)[0].ids
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

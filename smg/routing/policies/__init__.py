@@ -9,6 +9,7 @@ from collections.abc import Callable
 from smg.routing.policies.base import Candidate, Choice, Policy, PolicyConfig, RouteContext
 from smg.routing.policies.cache_aware import CacheAwarePolicy
 from smg.routing.policies.consistent_hashing import ConsistentHashingPolicy
+from smg.routing.policies.dp_rank import MinimumTokensPolicy, estimated_cost
 from smg.routing.policies.keys import affinity_key, rid_key, routing_key, routing_text, strip_lineage
 from smg.routing.policies.least_load import LeastLoadPolicy
 from smg.routing.policies.manual import ManualPolicy
@@ -23,10 +24,12 @@ __all__ = [
     "POLICY_NAMES",
     "Candidate",
     "Choice",
+    "MinimumTokensPolicy",
     "Policy",
     "PolicyConfig",
     "RouteContext",
     "affinity_key",
+    "estimated_cost",
     "make_policy",
     "rid_key",
     "routing_key",

@@ -53,6 +53,7 @@ class RouteContext:
     text: str = ""
     routing_key: str | None = None
     affinity_key: str | None = None
+    cost: int = 1  # tokens the request is counted as by the rank policy (`dp_rank.estimated_cost`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,41 +1,60 @@
 """What a Messages request is routed on: its routing text and its routing keys.
 
 The routing text is the system prompt and the messages' text blocks joined by single spaces
-(empty strings skipped, images, tool blocks and everything else left out), the string the
-cache-aware and prefix-hash policies match on. The routing key is the first configured header
-(`x-smg-routing-key` by default) carrying a non-empty value of at most 128 UTF-8 bytes; a value
-over the cap is ignored, never an error. Sticky sessions strip a key's trailing `_r<n>` retry and
-`_t<n>` turn suffixes, so every turn of a conversation shares one key.
+(empty strings skipped, images, tool blocks and everything else left out), cut at
+`ROUTING_TEXT_MAX_CHARS`: the string the cache-aware and prefix-hash policies match on. The
+routing key is the first configured header (`x-smg-routing-key` by default) carrying a non-empty
+value of at most 128 UTF-8 bytes; a value over the cap is ignored, never an error. Sticky sessions
+strip a key's trailing `_r<n>` retry and `_t<n>` turn suffixes, so every turn of a conversation
+shares one key.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from smg.protocol.content import TextBlock
 from smg.protocol.request import CountTokensRequest, CreateMessageRequest
 
 ROUTING_KEY_MAX_BYTES = 128
+ROUTING_TEXT_MAX_CHARS = 1 << 20
+"""How much of a prompt's text the text policies route on. A prefix of a million characters
+(a quarter of a million tokens or so) has long decided which worker holds the prompt's cache;
+matching and recording megabytes past it would only cost the event loop a pass over the whole
+prompt per request, and the prefix tree a copy of it."""
 # Stable client identity `consistent_hashing` falls back to when no routing key is sent, in order.
 AFFINITY_HEADERS: tuple[str, ...] = ("authorization", "x-forwarded-for", "cookie")
 
 
 def routing_text(request: CreateMessageRequest | CountTokensRequest) -> str:
-    """System text, then each message's text, joined by single spaces."""
+    """System text, then each message's text, joined by single spaces, cut at
+    `ROUTING_TEXT_MAX_CHARS`."""
     parts: list[str] = []
+    left = ROUTING_TEXT_MAX_CHARS + 1  # each part but the first costs its separator too
+    for part in _text_parts(request):
+        if not part:
+            continue
+        if len(part) >= left:
+            parts.append(part[: left - 1])
+            break
+        parts.append(part)
+        left -= len(part) + 1
+    return " ".join(parts)
+
+
+def _text_parts(request: CreateMessageRequest | CountTokensRequest) -> Iterator[str]:
     system = request.system
     if isinstance(system, str):
-        parts.append(system)
+        yield system
     elif system is not None:
-        parts.extend(block.text for block in system)
+        yield from (block.text for block in system)
     for message in request.messages:
         content = message.content
         if isinstance(content, str):
-            parts.append(content)
+            yield content
         else:
-            parts.extend(block.text for block in content if isinstance(block, TextBlock))
-    return " ".join(part for part in parts if part)
+            yield from (block.text for block in content if isinstance(block, TextBlock))
 
 
 def _lower(headers: Mapping[str, str]) -> Mapping[str, str]:

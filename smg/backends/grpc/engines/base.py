@@ -36,6 +36,7 @@ from smg.backends.grpc.types import (
     EngineInfo,
     EngineLoad,
     GenerateCall,
+    RankLoad,
 )
 from smg.observability import tracing
 
@@ -66,6 +67,9 @@ def engine_load(response: Any) -> EngineLoad:
         max_total_tokens=sum(r.max_total_num_tokens for r in ranks),
         max_running_requests=sum(r.max_running_requests for r in ranks),
         dp_ranks=len(ranks),
+        ranks=tuple(
+            RankLoad(r.dp_rank, r.num_running_reqs + r.num_waiting_reqs, r.num_used_tokens) for r in ranks
+        ),
     )
 
 

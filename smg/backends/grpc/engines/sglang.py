@@ -3,7 +3,9 @@
 Request: sampling values with SGLang's neutral defaults (top_k -1 disables it), `max_new_tokens`,
 no stop strings (the gateway matches them; single-token stops arrive as `stop_token_ids`), the
 constraint as `regex` / `json_schema` / `ebnf_grammar` / `structural_tag`, `require_reasoning`;
-a prefill/decode leg's rendezvous as `disaggregated_params`.
+a prefill/decode leg's rendezvous as `disaggregated_params`; a rank-pinned worker's rank
+(`--dp-aware`) as `data_parallel_rank` (each PD leg its own: the proto has no field for the
+prefill's rank on the decode leg, the room names the KV source).
 Stream: chunks carry new token ids and running-total counts; the streamed `complete` repeats the
 last chunk's ids (a non-streamed one carries them all); stop and EOS tokens stay in the ids, the
 match named in `matched_token_id` / `matched_stop_str`.
@@ -75,6 +77,8 @@ class SglangClient(GrpcEngineClient):
             stream=call.stream,
             require_reasoning=call.require_reasoning,
         )
+        if call.dp_rank is not None:
+            request.data_parallel_rank = call.dp_rank
         if call.bootstrap is not None:
             request.disaggregated_params.CopyFrom(
                 pb.DisaggregatedParams(

@@ -5,7 +5,8 @@ Request: SGLang-like sampling values, but every scalar is `optional` so each is 
 `json_schema` / `ebnf_grammar` / `structural_tag`; a PD leg's rendezvous as `kv_bootstrap_info`.
 Images travel as `mm_inputs` items (pixels as the item's `encoder_input`, `image_grid_thw`, the
 placeholder range and token); an EPD prefill leg names each item's encode worker and room in
-`encode_bootstrap_info`. The encode worker's `TokenSpeedEncoder.Encode` is served on the same
+`encode_bootstrap_info`; a rank-pinned worker's rank (`--dp-aware`) as `data_parallel_rank`, each PD
+leg its own. The encode worker's `TokenSpeedEncoder.Encode` is served on the same
 address as its scheduler service, so one channel carries both.
 Stream: chunks carry new ids and running-total counts; the streamed `complete` repeats the last
 chunk's ids. A matched stop token is trimmed from the ids (`no_stop_trim` false) but still
@@ -103,6 +104,8 @@ class TokenSpeedClient(GrpcEngineClient):
                     bootstrap_room=call.bootstrap.room,
                 )
             )
+        if call.dp_rank is not None:
+            request.data_parallel_rank = call.dp_rank
         return request
 
     async def encode(self, request_id: str, image: VisionItem, room: int) -> None:

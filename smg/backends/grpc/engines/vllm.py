@@ -4,7 +4,7 @@ Request: `max_tokens`, top_k 0 when unset (vLLM's "disabled"; the field is unsig
 negative request value is sent as 0 too), stop strings sent (vLLM matches them as well; the
 gateway still trims), the constraint as `json_schema` / `regex` / `grammar` / `structural_tag`;
 a PD leg's KV connector params as `kv_transfer_params_json` (a prefill's `complete` returns the
-decode leg's in the same field).
+decode leg's in the same field); a rank-pinned worker's rank (`--dp-aware`) as `data_parallel_rank`.
 Stream: every chunk's `completion_tokens` counts that chunk only, and the streamed `complete`
 repeats the last chunk's ids and count; a non-streamed `complete` carries every id and the total.
 Output ids include a matched stop or EOS token; `matched_token_id` is set for a `stop_token_ids`
@@ -71,6 +71,8 @@ class VllmClient(GrpcEngineClient):
             sampling_params=params,
             stream=call.stream,
         )
+        if call.dp_rank is not None:
+            request.data_parallel_rank = call.dp_rank
         if call.kv_transfer_params is not None:
             request.kv_transfer_params_json = call.kv_transfer_params
         return request

@@ -1,0 +1,104 @@
+"""A request's way to its first engine call: the waiting around the pure prepare step.
+
+For each request (the router has checked that the model is served): its tokenizer (waited for
+while it loads), the refusals of what the engine path cannot serve, the conversation rendered
+(a long one on a thread) and tokenized; count_tokens and `max_tokens: 0` are answered here
+without a worker. A generation on a deployment that serves images (EPD) has its images fetched
+and preprocessed here, before any worker is chosen, and its prompt's placeholders expanded
+(`smg.pipeline.media`, `smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+
+from journal.events import Event
+from smg.backends.base import Call, Target
+from smg.backends.grpc.request import check_servable
+from smg.backends.grpc.workers import EngineWorkers
+from smg.config import GatewayConfig
+from smg.fetch import Fetcher
+from smg.pipeline.media import load_images, user_images
+from smg.pipeline.prepare import (
+    RENDER_INLINE_BYTES,
+    Prepared,
+    check_untokenized,
+    count_answer,
+    empty_answer,
+    prepare,
+    refusal_window,
+)
+from smg.pipeline.render import render_prompt
+from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
+from smg.protocol.ids import random_id
+
+
+def new_message_id() -> str:
+    return random_id("msg_")
+
+
+class Front:
+    """Prepares requests for one connector (`backend`: its journal name)."""
+
+    def __init__(self, config: GatewayConfig, workers: EngineWorkers, backend: str) -> None:
+        self._config = config
+        self._workers = workers
+        self._backend = backend
+        self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
+        self._vision: QwenVlProcessor | None = None
+
+    async def close(self) -> None:
+        await self._media.aclose()
+
+    async def take(
+        self, call: Call, pool: Sequence[Target], *, multimodal: bool = False, backend: str | None = None
+    ) -> list[Event] | Prepared:
+        """The gateway's own answer (count_tokens, `max_tokens: 0`) as events, or the prepared
+        generation. Raises `ApiError` for a refusal. `multimodal`: the deployment serves images.
+        `backend`: the journal name of the connector serving the request when it is not this
+        front's own (a disaggregated pool sharing the gRPC connector's front)."""
+        request = call.request
+        generating = call.endpoint == "messages" and request.max_tokens > 0
+        tokenizer = await self._workers.tokenizer(call.model, pool)
+        runtimes = {r for r in map(self._workers.runtime_of, pool) if r}
+        # The MLX refusals apply when any worker that could take the request is MLX.
+        check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
+        windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
+        within = refusal_window(windows, endpoint=call.endpoint, generating=generating)
+        check_untokenized(tokenizer, request, within, len(call.raw))
+        if len(call.raw) > RENDER_INLINE_BYTES:
+            # A long conversation renders for tens of milliseconds: not on the event loop.
+            prompt = await asyncio.to_thread(render_prompt, tokenizer, request, within=within)
+        else:
+            prompt = render_prompt(tokenizer, request, within=within)
+        source = self._workers.tokenizer_source(call.model)
+        if call.endpoint == "count_tokens":
+            return count_answer(backend or self._backend, call.model, prompt, source)
+        message_id = new_message_id()
+        if not generating:
+            return empty_answer(backend or self._backend, call.model, call.stream, prompt, source, message_id, windows)
+        images: list[VisionItem] = []
+        blocks = user_images(request) if multimodal else []
+        if blocks:
+            media = await load_images(self._media, blocks, self._config.media)
+            ids, images = await asyncio.to_thread(expand, prompt.ids, self._vision_processor(), media)
+            prompt = replace(prompt, ids=ids)
+        return prepare(
+            request,
+            call.model,
+            call.stream,
+            tokenizer,
+            prompt,
+            message_id,
+            source,
+            tool_parser=self._config.tool_call_parser,
+            reasoning_parser=self._config.reasoning_parser,
+            images=images,
+        )
+
+    def _vision_processor(self) -> QwenVlProcessor:
+        if self._vision is None:
+            self._vision = QwenVlProcessor.from_model_dir(self._config.model_path)
+        return self._vision
