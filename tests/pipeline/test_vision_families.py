@@ -490,3 +490,36 @@ def test_each_placeholder_becomes_its_images_tokens(tmp_path: Path, family: str)
     with pytest.raises(ApiError) as refused:
         expand([100, pad], processor, images)
     assert refused.value.code == "multimodal_prompt_contract_mismatch"
+
+
+def test_a_batch_pads_and_stacks_per_image_tensors_or_concatenates_flat_ones(tmp_path: Path) -> None:
+    from smg.pipeline.vision.batch import batch
+
+    pixtral = processor_for(FAMILY_DIRS["pixtral"](tmp_path / "pixtral"))
+    images = [MediaItem(image_bytes(70, 100, "RGB"), "image/png"), MediaItem(image_bytes(40, 20, "L"), "image/png")]
+    _, items = expand([pixtral.placeholder_token_id] * 2, pixtral, images)
+    joined = batch(items)
+    one, two = (i.pixel_values.array()[0] for i in items)
+    stacked = joined.pixel_values.array()
+    assert stacked.shape == (2, 3, max(one.shape[1], two.shape[1]), max(one.shape[2], two.shape[2]))
+    assert np.array_equal(stacked[1, :, : two.shape[1], : two.shape[2]], two)
+    assert not stacked[1, :, two.shape[1] :, :].any() and not stacked[1, :, :, two.shape[2] :].any()
+    assert joined.model_tensors["image_sizes"].array().tolist() == [list(one.shape[1:]), list(two.shape[1:])]
+    assert joined.batched_keys == ["image_sizes", "pixel_values"] and joined.flat_keys == {}
+
+    phi4 = processor_for(FAMILY_DIRS["phi4"](tmp_path / "phi4"))
+    wide = [MediaItem(image_bytes(50, 150, "RGB"), "image/png"), MediaItem(image_bytes(40, 40, "RGB"), "image/png")]
+    _, items = expand([phi4.placeholder_token_id] * 2, phi4, wide)
+    joined = batch(items)
+    masks = joined.model_tensors["image_attention_mask"].array()
+    assert joined.pixel_values.shape[:2] == (2, 4) and masks.shape[:2] == (2, 4)
+    assert masks[1, 2:].all() and not joined.pixel_values.array()[1, 2:].any()  # mask pads with ones
+
+    qwen = processor_for(FAMILY_DIRS["qwen3_vl"](tmp_path / "qwen"))
+    _, items = expand([qwen.placeholder_token_id] * 2, qwen, images)
+    joined = batch(items)
+    patches = [i.pixel_values.shape[0] for i in items]
+    assert joined.pixel_values.shape[0] == sum(patches)
+    assert joined.model_tensors["patches_per_image"].array().tolist() == patches
+    assert joined.model_tensors["image_grid_thw"].shape == (2, 3)
+    assert joined.flat_keys == {"pixel_values": "patches_per_image"}

@@ -63,6 +63,7 @@ class Processed:
     model_tensors: dict[str, Tensor]
     tokens: tuple[int, ...]  # replace the image's placeholder, wrappers and separators included
     embed_token_id: int  # the positions among `tokens` that receive the image's embeddings
+    flat: bool = False  # `pixel_values` has no image dimension: images' pixels are concatenated
 
 
 class ImageProcessor(Protocol):
@@ -86,6 +87,7 @@ class VisionItem:
     length: int  # tokens in its replacement
     placeholder_token_id: int  # the token whose positions take the image's embeddings
     model_tensors: dict[str, Tensor] = field(default_factory=dict)
+    flat: bool = False  # as `Processed.flat`
 
     @property
     def grid_thw(self) -> tuple[int, int, int] | None:

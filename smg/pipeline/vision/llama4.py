@@ -132,6 +132,7 @@ class Llama4Processor:
             },
             tokens=self.prompt_tokens(down, across),
             embed_token_id=self.tokens.patch,
+            flat=True,
         )
 
     def prompt_tokens(self, down: int, across: int) -> tuple[int, ...]:

@@ -37,6 +37,7 @@ def expand(ids: list[int], processor: ImageProcessor, images: list[MediaItem]) -
                 length=len(processed.tokens),
                 placeholder_token_id=processed.embed_token_id,
                 model_tensors=processed.model_tensors,
+                flat=processed.flat,
             )
         )
         out.extend(processed.tokens)

@@ -120,4 +120,5 @@ class QwenVlProcessor:
             model_tensors={"image_grid_thw": Tensor.of(np.asarray([grid], dtype=np.int64))},
             tokens=(self.image_token_id,) * self.tokens_for(grid),
             embed_token_id=self.image_token_id,
+            flat=True,
         )
