@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from journal.events import Event
 from smg.backends.base import Call, Target
-from smg.backends.grpc.request import IMAGE_RUNTIMES, check_servable
+from smg.backends.grpc.request import check_servable
 from smg.backends.grpc.workers import EngineWorkers
 from smg.config import GatewayConfig
 from smg.fetch import Fetcher
@@ -44,8 +44,11 @@ def new_message_id() -> str:
 class Front:
     """Prepares requests for one connector (`backend`: its journal name)."""
 
-    def __init__(self, config: GatewayConfig, workers: EngineWorkers, backend: str) -> None:
+    def __init__(
+        self, config: GatewayConfig, workers: EngineWorkers, backend: str, *, image_runtimes: frozenset[str]
+    ) -> None:
         self._config = config
+        self._image_runtimes = image_runtimes  # the runtimes whose requests this connector sends images on
         self._workers = workers
         self._backend = backend
         self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
@@ -69,7 +72,7 @@ class Front:
         tokenizer = await self._workers.tokenizer(call.model, pool)
         runtimes = {r for r in map(self._workers.runtime_of, pool) if r}
         if multimodal is None:
-            takes = bool(runtimes) and runtimes <= IMAGE_RUNTIMES
+            takes = bool(runtimes) and runtimes <= self._image_runtimes
             multimodal = takes and generating and bool(user_images(request)) and self._model_takes_images()
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
