@@ -5,6 +5,9 @@ The image is resized to the fixed `size` (896 × 896), bilinear, rescaled and no
 and a model asking for it is refused as not configured). The template renders one
 `<start_of_image>`; it becomes `\\n\\n<start_of_image>` + `mm_tokens_per_image` ×
 `<image_soft_token>` + `<end_of_image>\\n\\n`, the two newlines as the tokenizer's one `\\n\\n` token.
+The expansion is in ids: `transformers` expands the text and tokenizes it, so where the template
+puts a newline right beside the placeholder its tokenizer may join them into one longer newline
+token that this expansion keeps as two.
 """
 
 from __future__ import annotations
