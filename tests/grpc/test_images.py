@@ -155,3 +155,15 @@ def test_an_undecodable_image_is_refused_before_the_engine(pool: Pool) -> None:
     assert reply.headers["x-smg-error-code"] == "multimodal_processing_failed"
     assert reply.json()["type"] == "error"
     assert pool.control.received() == []
+
+
+def test_count_tokens_counts_each_image_as_its_one_placeholder(pool: Pool) -> None:
+    pool.control.reset()
+    pool.control.script({"text": "ok"})
+    counted = httpx.post(pool.gateway.url + "/v1/messages/count_tokens", json=body(), timeout=30.0)
+    assert counted.status_code == 200, counted.text
+    assert pool.control.received() == []  # answered by the gateway, nothing fetched or sent
+    reply = httpx.post(pool.gateway.url + "/v1/messages", json=body(), timeout=30.0)
+    (received,) = pool.control.received()
+    expanded = sum(int(p["length"]) for p in received["mm_inputs"]["mm_placeholders"])
+    assert counted.json()["input_tokens"] == reply.json()["usage"]["input_tokens"] - expanded + 2
