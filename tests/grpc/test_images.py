@@ -167,3 +167,19 @@ def test_count_tokens_counts_each_image_as_its_one_placeholder(pool: Pool) -> No
     (received,) = pool.control.received()
     expanded = sum(int(p["length"]) for p in received["mm_inputs"]["mm_placeholders"])
     assert counted.json()["input_tokens"] == reply.json()["usage"]["input_tokens"] - expanded + 2
+
+
+def test_more_images_than_the_family_takes_are_refused_before_the_engine(pool: Pool) -> None:
+    pool.control.reset()
+    content = [image_block(TALL)] * 11 + [{"type": "text", "text": "?"}]  # Qwen-VL takes 10
+    reply = httpx.post(
+        pool.gateway.url + "/v1/messages",
+        json={**body(), "messages": [{"role": "user", "content": content}]},
+        timeout=30.0,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["x-smg-error-code"] == "invalid_multimodal_request"
+    assert "at most 10 image inputs; got 11" in reply.json()["error"]["message"]
+    assert pool.control.received() == []
+    events = wait_for_events(pool.journal, reply.headers["x-request-id"])
+    assert [e.kind for e in events][-2:] == ["error", "completed"]

@@ -523,3 +523,16 @@ def test_a_batch_pads_and_stacks_per_image_tensors_or_concatenates_flat_ones(tmp
     assert joined.model_tensors["patches_per_image"].array().tolist() == patches
     assert joined.model_tensors["image_grid_thw"].shape == (2, 3)
     assert joined.flat_keys == {"pixel_values": "patches_per_image"}
+
+
+@pytest.mark.parametrize(("family", "most"), [("qwen3_vl", 10), ("llama4", 8), ("pixtral", None)])
+def test_each_family_takes_at_most_the_reference_gateways_images(tmp_path: Path, family: str, most: int | None) -> None:
+    from smg.pipeline.vision import check_count
+
+    processor = processor_for(FAMILY_DIRS[family](tmp_path))
+    assert processor.max_images == most
+    check_count(processor, most or 100)
+    if most is not None:
+        with pytest.raises(ApiError) as refused:
+            check_count(processor, most + 1)
+        assert refused.value.code == "invalid_multimodal_request"

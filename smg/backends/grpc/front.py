@@ -32,7 +32,7 @@ from smg.pipeline.prepare import (
     refusal_window,
 )
 from smg.pipeline.render import render_prompt
-from smg.pipeline.vision import ImageProcessor, VisionItem, expand, processor_for
+from smg.pipeline.vision import ImageProcessor, VisionItem, check_count, expand, processor_for
 from smg.protocol.errors import ApiError
 from smg.protocol.ids import random_id
 
@@ -93,8 +93,11 @@ class Front:
         images: list[VisionItem] = []
         blocks = user_images(request) if multimodal else []
         if blocks:
+            processor = self._vision_processor()
+            if len(blocks) <= self._config.media.max_items:  # past it, `load_images` refuses first
+                check_count(processor, len(blocks))
             media = await load_images(self._media, blocks, self._config.media)
-            ids, images = await asyncio.to_thread(expand, prompt.ids, self._vision_processor(), media)
+            ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
         return prepare(
             request,

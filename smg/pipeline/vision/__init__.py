@@ -9,7 +9,7 @@ the rendered prompt's placeholders.
 """
 
 from smg.pipeline.vision.base import ImageProcessor, Processed, Tensor, VisionItem, config_missing
-from smg.pipeline.vision.prompt import expand
+from smg.pipeline.vision.prompt import check_count, expand
 from smg.pipeline.vision.qwen_vl import QwenVlProcessor
 from smg.pipeline.vision.registry import processor_for
 
@@ -19,6 +19,7 @@ __all__ = [
     "QwenVlProcessor",
     "Tensor",
     "VisionItem",
+    "check_count",
     "config_missing",
     "expand",
     "processor_for",

@@ -74,6 +74,11 @@ class ImageProcessor(Protocol):
         """The one token the chat template renders for an image."""
         ...
 
+    @property
+    def max_images(self) -> int | None:
+        """Images one request may carry for this family (the reference gateway's limit), if any."""
+        ...
+
     def process(self, item: MediaItem) -> Processed: ...
 
 

@@ -49,6 +49,10 @@ class Gemma3Processor:
         )
 
     @property
+    def max_images(self) -> int | None:
+        return None  # the reference gateway names no limit for this family: `--media-max-items` only
+
+    @property
     def placeholder_token_id(self) -> int:
         return self.boi_token_id
 

@@ -73,6 +73,10 @@ class Llama4Processor:
         )
 
     @property
+    def max_images(self) -> int | None:
+        return 8  # Llama 4: 8, as the reference gateway allows
+
+    @property
     def placeholder_token_id(self) -> int:
         return self.tokens.image
 

@@ -46,6 +46,10 @@ class PixtralProcessor:
         )
 
     @property
+    def max_images(self) -> int | None:
+        return None  # the reference gateway names no limit for this family: `--media-max-items` only
+
+    @property
     def placeholder_token_id(self) -> int:
         return self.image_token_id
 

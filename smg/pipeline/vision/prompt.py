@@ -3,7 +3,8 @@
 The chat template renders one placeholder token per image; each is replaced by what the family's
 processor puts in the text for that image (repeated soft tokens, wrapped in start/end tokens or
 broken into rows where the family does so). A prompt whose placeholders do not match the images
-one for one is 400 `multimodal_prompt_contract_mismatch`.
+one for one is 400 `multimodal_prompt_contract_mismatch`; more images than the family takes, 400
+`invalid_multimodal_request`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,18 @@ from __future__ import annotations
 from smg.pipeline.media import MediaItem
 from smg.pipeline.vision.base import ImageProcessor, VisionItem
 from smg.protocol.errors import ApiError
+
+
+def check_count(processor: ImageProcessor, count: int) -> None:
+    """Refuse more images than the family takes, before any is fetched (400
+    `invalid_multimodal_request`)."""
+    most = processor.max_images
+    if most is not None and count > most:
+        raise ApiError(
+            400,
+            f"invalid media request: this model supports at most {most} image inputs; got {count}",
+            code="invalid_multimodal_request",
+        )
 
 
 def expand(ids: list[int], processor: ImageProcessor, images: list[MediaItem]) -> tuple[list[int], list[VisionItem]]:

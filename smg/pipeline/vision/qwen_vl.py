@@ -72,6 +72,10 @@ class QwenVlProcessor:
         )
 
     @property
+    def max_images(self) -> int | None:
+        return 10  # Qwen-VL: 10, as the reference gateway allows
+
+    @property
     def placeholder_token_id(self) -> int:
         return self.image_token_id
 
