@@ -24,7 +24,7 @@ from smg.backends.grpc.engines import connect
 from smg.backends.grpc.engines.base import strip_scheme
 from smg.backends.grpc.engines.detect import detect_runtime
 from smg.backends.grpc.front import Front
-from smg.backends.grpc.request import engine_call
+from smg.backends.grpc.request import IMAGE_RUNTIMES, engine_call
 from smg.backends.grpc.types import EngineClient, EngineError
 from smg.backends.grpc.workers import ClientFactory, EngineWorkers
 from smg.config import GatewayConfig
@@ -61,11 +61,12 @@ class EngineConnector:
         name: str = "grpc",
         clients: ClientFactory = grpc_clients,
         live_loads: bool = False,
+        image_runtimes: frozenset[str] = IMAGE_RUNTIMES,
     ) -> None:
         self.name = name
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self.workers = EngineWorkers(config, self.tokenizers, clients, live_loads=live_loads)
-        self.front = Front(config, self.workers, name)
+        self.front = Front(config, self.workers, name, image_runtimes=image_runtimes)
         self.calls = EngineCalls()
 
     # lifecycle

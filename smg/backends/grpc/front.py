@@ -3,9 +3,10 @@
 For each request (the router has checked that the model is served): its tokenizer (waited for
 while it loads), the refusals of what the engine path cannot serve, the conversation rendered
 (a long one on a thread) and tokenized; count_tokens and `max_tokens: 0` are answered here
-without a worker. A generation on a deployment that serves images (EPD) has its images fetched
-and preprocessed here, before any worker is chosen, and its prompt's placeholders expanded
-(`smg.pipeline.media`, `smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
+without a worker. A generation on a pool that serves images (SGLang and vLLM workers, an EPD
+deployment) has its images fetched and preprocessed here by the model's family processor, before
+any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`,
+`smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from smg.pipeline.prepare import (
     refusal_window,
 )
 from smg.pipeline.render import render_prompt
-from smg.pipeline.vision import QwenVlProcessor, VisionItem, expand
+from smg.pipeline.vision import ImageProcessor, VisionItem, check_count, expand, processor_for
+from smg.protocol.errors import ApiError
 from smg.protocol.ids import random_id
 
 
@@ -42,27 +44,36 @@ def new_message_id() -> str:
 class Front:
     """Prepares requests for one connector (`backend`: its journal name)."""
 
-    def __init__(self, config: GatewayConfig, workers: EngineWorkers, backend: str) -> None:
+    def __init__(
+        self, config: GatewayConfig, workers: EngineWorkers, backend: str, *, image_runtimes: frozenset[str]
+    ) -> None:
         self._config = config
+        self._image_runtimes = image_runtimes  # the runtimes whose requests this connector sends images on
         self._workers = workers
         self._backend = backend
         self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
-        self._vision: QwenVlProcessor | None = None
+        self._vision: ImageProcessor | None = None
+        self._no_vision = False  # the model has no image processor (a text model)
 
     async def close(self) -> None:
         await self._media.aclose()
 
     async def take(
-        self, call: Call, pool: Sequence[Target], *, multimodal: bool = False, backend: str | None = None
+        self, call: Call, pool: Sequence[Target], *, multimodal: bool | None = None, backend: str | None = None
     ) -> list[Event] | Prepared:
         """The gateway's own answer (count_tokens, `max_tokens: 0`) as events, or the prepared
-        generation. Raises `ApiError` for a refusal. `multimodal`: the deployment serves images.
+        generation. Raises `ApiError` for a refusal. `multimodal`: the deployment serves images
+        (unset: the pool does when every worker's runtime takes them and the model has an image
+        processor; otherwise its images are refused as not supported).
         `backend`: the journal name of the connector serving the request when it is not this
         front's own (a disaggregated pool sharing the gRPC connector's front)."""
         request = call.request
         generating = call.endpoint == "messages" and request.max_tokens > 0
         tokenizer = await self._workers.tokenizer(call.model, pool)
         runtimes = {r for r in map(self._workers.runtime_of, pool) if r}
+        if multimodal is None:
+            takes = bool(runtimes) and runtimes <= self._image_runtimes
+            multimodal = takes and generating and bool(user_images(request)) and self._model_takes_images()
         # The MLX refusals apply when any worker that could take the request is MLX.
         check_servable(request, "mlx" if "mlx" in runtimes else "", generating=generating, images=multimodal)
         windows = [t.context_windows[call.model] for t in pool if call.model in t.context_windows]
@@ -82,8 +93,11 @@ class Front:
         images: list[VisionItem] = []
         blocks = user_images(request) if multimodal else []
         if blocks:
+            processor = self._vision_processor()
+            if len(blocks) <= self._config.media.max_items:  # past it, `load_images` refuses first
+                check_count(processor, len(blocks))
             media = await load_images(self._media, blocks, self._config.media)
-            ids, images = await asyncio.to_thread(expand, prompt.ids, self._vision_processor(), media)
+            ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
         return prepare(
             request,
@@ -98,7 +112,15 @@ class Front:
             images=images,
         )
 
-    def _vision_processor(self) -> QwenVlProcessor:
+    def _model_takes_images(self) -> bool:
+        if self._vision is None and not self._no_vision:
+            try:
+                self._vision = processor_for(self._config.model_path)
+            except ApiError:
+                self._no_vision = True
+        return self._vision is not None
+
+    def _vision_processor(self) -> ImageProcessor:
         if self._vision is None:
-            self._vision = QwenVlProcessor.from_model_dir(self._config.model_path)
+            self._vision = processor_for(self._config.model_path)
         return self._vision

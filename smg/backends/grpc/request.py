@@ -47,6 +47,9 @@ def _has_images(request: Any) -> bool:
     return False
 
 
+IMAGE_RUNTIMES = frozenset({"sglang", "vllm"})  # their protos carry preprocessed images (`mm_inputs`)
+
+
 def check_servable(request: Any, runtime: str, *, generating: bool, images: bool = False) -> None:
     """Refuse what the gRPC path cannot serve, before any worker is chosen (`images`: the
     deployment serves image inputs, as an EPD one does)."""
@@ -74,8 +77,8 @@ def check_servable(request: Any, runtime: str, *, generating: bool, images: bool
     elif not images and _has_images(request):
         raise ApiError(
             400,
-            "Image inputs are not supported on gRPC workers by this gateway outside an EPD deployment "
-            "(count_tokens counts them as the template's placeholder)",
+            "Image inputs are not supported on these gRPC workers by this gateway (SGLang and vLLM workers "
+            "and EPD deployments take them; count_tokens counts them as the template's placeholder)",
             code="multimodal_not_supported",
         )
 

@@ -29,4 +29,5 @@ def zmq_connector(config: GatewayConfig, tokenizers: TokenizerRegistry | None = 
             raise WorkerUnreachable(str(exc)) from None
         return runtime, client
 
-    return EngineConnector(config, tokenizers, name="zmq", clients=clients, live_loads=True)
+    # The ZMQ clients send no multimodal features yet: a ZMQ pool refuses images.
+    return EngineConnector(config, tokenizers, name="zmq", clients=clients, live_loads=True, image_runtimes=frozenset())

@@ -5,7 +5,9 @@ no stop strings (the gateway matches them; single-token stops arrive as `stop_to
 constraint as `regex` / `json_schema` / `ebnf_grammar` / `structural_tag`, `require_reasoning`;
 a prefill/decode leg's rendezvous as `disaggregated_params`; a rank-pinned worker's rank
 (`--dp-aware`) as `data_parallel_rank` (each PD leg its own: the proto has no field for the
-prefill's rank on the decode leg, the room names the KV source).
+prefill's rank on the decode leg, the room names the KV source); a prompt's images as one
+`mm_inputs` batch (`smg.pipeline.vision.batch`): pixels, model tensors, the image token id and
+each image's placeholder range in the expanded ids.
 Stream: chunks carry new token ids and running-total counts; the streamed `complete` repeats the
 last chunk's ids (a non-streamed one carries them all); stop and EOS tokens stay in the ids, the
 match named in `matched_token_id` / `matched_stop_str`.
@@ -23,6 +25,8 @@ from smg.backends.grpc.engines.base import (
     GrpcEngineClient,
 )
 from smg.backends.grpc.types import GenerateCall
+from smg.pipeline.vision import VisionItem
+from smg.pipeline.vision.batch import batch
 
 _CONSTRAINT_FIELDS = {
     "json_schema": "json_schema",
@@ -87,4 +91,24 @@ class SglangClient(GrpcEngineClient):
                     bootstrap_room=call.bootstrap.room,
                 )
             )
+        if call.images:
+            request.mm_inputs.CopyFrom(multimodal_inputs(call.images))
         return request
+
+
+def multimodal_inputs(images: list[VisionItem]) -> Any:
+    """A prompt's images as SGLang's `MultimodalInputs`."""
+    joined = batch(images)
+    out = pb.MultimodalInputs(
+        pixel_values=pb.TensorData(
+            data=joined.pixel_values.data, shape=list(joined.pixel_values.shape), dtype=joined.pixel_values.dtype
+        ),
+        modalities=["image"] * len(images),
+        im_token_id=images[0].placeholder_token_id,
+        mm_placeholders=[pb.PlaceholderRange(offset=i.offset, length=i.length) for i in images],
+    )
+    for name, value in joined.model_tensors.items():
+        out.model_specific_tensors[name].CopyFrom(
+            pb.TensorData(data=value.data, shape=list(value.shape), dtype=value.dtype)
+        )
+    return out

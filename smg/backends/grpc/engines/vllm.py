@@ -4,7 +4,10 @@ Request: `max_tokens`, top_k 0 when unset (vLLM's "disabled"; the field is unsig
 negative request value is sent as 0 too), stop strings sent (vLLM matches them as well; the
 gateway still trims), the constraint as `json_schema` / `regex` / `grammar` / `structural_tag`;
 a PD leg's KV connector params as `kv_transfer_params_json` (a prefill's `complete` returns the
-decode leg's in the same field); a rank-pinned worker's rank (`--dp-aware`) as `data_parallel_rank`.
+decode leg's in the same field); a rank-pinned worker's rank (`--dp-aware`) as `data_parallel_rank`;
+a prompt's images as one `mm_inputs` batch (`smg.pipeline.vision.batch`): pixels, model tensors
+with their batched and flat keys, the image token id, each image's placeholder range in the
+expanded ids and its content hash (hex).
 Stream: every chunk's `completion_tokens` counts that chunk only, and the streamed `complete`
 repeats the last chunk's ids and count; a non-streamed `complete` carries every id and the total.
 Output ids include a matched stop or EOS token; `matched_token_id` is set for a `stop_token_ids`
@@ -21,6 +24,8 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete
 from smg.backends.grpc.types import GenerateCall
+from smg.pipeline.vision import VisionItem
+from smg.pipeline.vision.batch import batch
 
 _CONSTRAINT_FIELDS = {
     "json_schema": "json_schema",
@@ -75,6 +80,8 @@ class VllmClient(GrpcEngineClient):
             request.data_parallel_rank = call.dp_rank
         if call.kv_transfer_params is not None:
             request.kv_transfer_params_json = call.kv_transfer_params
+        if call.images:
+            request.mm_inputs.CopyFrom(multimodal_inputs(call.images))
         return request
 
     def _read(self, response: Any) -> RawChunk | RawComplete | None:
@@ -82,3 +89,24 @@ class VllmClient(GrpcEngineClient):
         if isinstance(raw, RawComplete) and response.complete.HasField("kv_transfer_params_json"):
             raw.kv_transfer_params = response.complete.kv_transfer_params_json
         return raw
+
+
+def multimodal_inputs(images: list[VisionItem]) -> Any:
+    """A prompt's images as vLLM's `MultimodalInputs`."""
+    joined = batch(images)
+    out = pb.MultimodalInputs(
+        pixel_values=pb.TensorData(
+            inline=joined.pixel_values.data, shape=list(joined.pixel_values.shape), dtype=joined.pixel_values.dtype
+        ),
+        im_token_id=images[0].placeholder_token_id,
+        mm_placeholders=[pb.PlaceholderRange(offset=i.offset, length=i.length) for i in images],
+        mm_hashes=[i.content_hash.hex() for i in images],
+        batched_keys=joined.batched_keys,
+    )
+    for name, value in joined.model_tensors.items():
+        out.model_specific_tensors[name].CopyFrom(
+            pb.TensorData(inline=value.data, shape=list(value.shape), dtype=value.dtype)
+        )
+    for name, sizes in joined.flat_keys.items():
+        out.flat_keys[name] = sizes
+    return out
