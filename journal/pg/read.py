@@ -15,7 +15,6 @@ server (unreachable, refused, no schema, a query cancelled) is a `journal.reader
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -139,8 +138,7 @@ class PostgresReader:
     def key_fingerprints(self, key: str) -> list[str]:
         """The fingerprints the caller's `key` may be stored under in the fleet journal: keyed
         with `$SMG_TENANT_SECRET` (the fleet's, when this reader has it) and bare."""
-        configured = os.environ.get(redact.SECRET_ENV)
-        return redact.key_fingerprints(key, configured.encode() if configured else None)
+        return redact.key_fingerprints(key, redact.fleet_secret())
 
     def check(self, query: str) -> None:
         self.compile(query)
