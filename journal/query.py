@@ -647,14 +647,19 @@ class RollupPlan:
 
 
 def rollup_plan(
-    text: str, *, now: float | None = None, compiler_type: type[_Compiler] | None = None
+    text: str,
+    *,
+    now: float | None = None,
+    compiler_type: type[_Compiler] | None = None,
+    fingerprints: Fingerprints | None = None,
 ) -> RollupPlan | None:
     """`text` as a `RollupPlan`, or None when a part of it names something the rollups do not
     keep (free text, an id, a user, a duration, a token count, …) or a time range other than
     `since:`/`until:` terms of the top-level AND. `compiler_type`: the store's compiler (this
-    module's for SQLite, `journal.pg.query`'s). Raises `QueryError` like `compile_query`."""
+    module's for SQLite, `journal.pg.query`'s). `fingerprints`: as `compile_query`'s, for a
+    `key:` that names a caller's key. Raises `QueryError` like `compile_query`."""
     tree = parse(text)
-    compiler = (compiler_type or _Compiler)(time.time() if now is None else now, False, False)
+    compiler = (compiler_type or _Compiler)(time.time() if now is None else now, False, False, fingerprints)
     if tree is None:
         return RollupPlan("1 = 1", [], None, None)
     items = tree.items if isinstance(tree, _Group) and tree.op == "AND" else (tree,)

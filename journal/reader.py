@@ -162,7 +162,7 @@ class JournalReader:
         self.compile(query)  # a query that does not compile is an error before anything is read
         if not self.rollups:
             return None
-        plan = rollup_plan(query)
+        plan = rollup_plan(query, fingerprints=self.key_fingerprints)
         if plan is None or rollup_stats.counted(rollup_stats.sqlite_run(self._conn), plan) <= self.exact_up_to:
             return None
         return plan

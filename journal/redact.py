@@ -94,13 +94,20 @@ def read_secret(journal: str | os.PathLike[str]) -> bytes | None:
     """The secret fingerprints of `journal` are keyed with, for a reader: `$SMG_TENANT_SECRET`,
     else `smg-tenant.key` beside the file; None when neither is there (or readable). Never
     creates it."""
-    configured = os.environ.get(SECRET_ENV)
-    if configured:
-        return configured.encode()
+    configured = fleet_secret()
+    if configured is not None:
+        return configured
     try:
         return (Path(journal).resolve().parent / SECRET_FILE).read_bytes() or None
     except OSError:
         return None
+
+
+def fleet_secret() -> bytes | None:
+    """`$SMG_TENANT_SECRET`, what every replica of a fleet keys fingerprints with (so a reader of
+    the fleet journal, which has no file beside it, keys as they do); None when unset."""
+    configured = os.environ.get(SECRET_ENV)
+    return configured.encode() if configured else None
 
 
 def key_fingerprints(value: str, key: bytes | None) -> list[str]:

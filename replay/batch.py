@@ -286,7 +286,7 @@ async def run(
                     events,
                     url,
                     options.headers,
-                    None,
+                    journal_path,  # for the journal's key only: `writer` is the one that journals
                     exact=options.exact,
                     text=options.text,
                     mcp_tokens=options.mcp_tokens,

@@ -33,7 +33,7 @@ import httpx
 
 from journal.events import Completed, Error, Event, Received, Routed, Upstream, Validated
 from journal.pieces import TextPieces, text_piece
-from journal.redact import SECRET_HEADERS, read_secret, redact_url
+from journal.redact import SECRET_HEADERS, fleet_secret, read_secret, redact_url
 from journal.summary import REPLAY_HEADER
 from journal.writer import JournalWriter
 from replay.diff import Difference, Outcome, deterministic, diff, from_http
@@ -222,7 +222,8 @@ async def replay_to(
         raise ReplayError("the journal holds no body for it (none recorded, or --journal-bodies none): nothing to send")
     if _FINGERPRINT in received.body:
         raise ReplayError("the body was journaled redacted (--journal-bodies redacted): replay needs full bodies")
-    key = read_secret(journal_path) if journal_path is not None else None
+    # Read from the fleet journal (no file to journal in): keyed as its replicas key, `$SMG_TENANT_SECRET`.
+    key = read_secret(journal_path) if journal_path is not None else fleet_secret()
     body = body_to_send(received.body, mcp_tokens, secret_urls, key)
     sent_headers = forwarded_headers(received.headers, headers, original_id)
     target = url.rstrip("/") + received.path + (f"?{received.query}" if received.query else "")

@@ -27,7 +27,18 @@ from typing import Any
 
 import orjson
 
-from journal.query import _Compiler, _glob_to_like, _Group, _Node, _Not, _Term, _Text, like_escape, parse
+from journal.query import (
+    Fingerprints,
+    _Compiler,
+    _glob_to_like,
+    _Group,
+    _Node,
+    _Not,
+    _Term,
+    _Text,
+    like_escape,
+    parse,
+)
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
@@ -113,14 +124,17 @@ class _PgCompiler(_Compiler):
         )
 
 
-def compile_query(text: str, *, now: float | None = None) -> tuple[str, list[Any]]:
+def compile_query(
+    text: str, *, now: float | None = None, fingerprints: Fingerprints | None = None
+) -> tuple[str, list[Any]]:
     """`text` as a PostgreSQL boolean expression over the fleet journal's `requests` and its
-    parameters (`%s`); `""` is `("TRUE", [])`. `now` anchors `since:15m`-style terms. Raises
-    `journal.query.QueryError` for a query that does not parse."""
+    parameters (`%s`); `""` is `("TRUE", [])`. `now` anchors `since:15m`-style terms;
+    `fingerprints` match a `key:` that names a caller's key (`journal.query.compile_query`).
+    Raises `journal.query.QueryError` for a query that does not parse."""
     tree = parse(text)
     if tree is None:
         return "TRUE", []
-    compiler = _PgCompiler(time.time() if now is None else now, indexed=True, ordered=False)
+    compiler = _PgCompiler(time.time() if now is None else now, indexed=True, ordered=False, fingerprints=fingerprints)
     return compiler.node(tree), compiler.params
 
 

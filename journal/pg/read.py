@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from journal import groups, packed, rollup_stats, schema, search, stats
+from journal import groups, packed, redact, rollup_stats, schema, search, stats
 from journal.events import Event, event_from_dict, event_kinds
 from journal.pg import schema as pg_schema
 from journal.pg.query import _FAILED, _PgCompiler, compile_query, text_only
@@ -133,7 +133,12 @@ class PostgresReader:
 
     def compile(self, query: str) -> tuple[str, list[Any]]:
         """`query` as PostgreSQL over `requests` (`journal.pg.query`); raises `QueryError`."""
-        return compile_query(query)
+        return compile_query(query, fingerprints=self.key_fingerprints)
+
+    def key_fingerprints(self, key: str) -> list[str]:
+        """The fingerprints the caller's `key` may be stored under in the fleet journal: keyed
+        with `$SMG_TENANT_SECRET` (the fleet's, when this reader has it) and bare."""
+        return redact.key_fingerprints(key, redact.fleet_secret())
 
     def check(self, query: str) -> None:
         self.compile(query)
@@ -347,7 +352,7 @@ class PostgresReader:
         self.compile(query)
         if not self.rollups:
             return None
-        plan = rollup_plan(query, compiler_type=_PgCompiler)
+        plan = rollup_plan(query, compiler_type=_PgCompiler, fingerprints=self.key_fingerprints)
         if plan is None or rollup_stats.counted(self._rows, plan, rollup_stats.POSTGRES) <= self.exact_up_to:
             return None
         return plan

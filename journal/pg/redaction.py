@@ -31,37 +31,38 @@ KINDS = frozenset({*_FIELDS, packed.RUN_KIND})
 """The kinds of the rows that may hold a secret (any other row ships as stored)."""
 
 
-def _redacted_payload(kind: str, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """`payload` with its secrets redacted, or None when it holds none."""
+def _redacted_payload(kind: str, payload: dict[str, Any], key: bytes | None) -> dict[str, Any] | None:
+    """`payload` with its secrets redacted (fingerprints keyed with `key`), or None when it holds none."""
     changed: dict[str, Any] = {}
     headers = payload.get("headers")
     if isinstance(headers, dict) and headers:
-        clean_headers = redact_headers(headers)
+        clean_headers = redact_headers(headers, key)
         if clean_headers != headers:
             changed["headers"] = clean_headers
     if kind == "received":
         query, body = payload.get("query"), payload.get("body")
-        if isinstance(query, str) and query and (clean_query := redact_query(query)) != query:
+        if isinstance(query, str) and query and (clean_query := redact_query(query, key)) != query:
             changed["query"] = clean_query
-        if isinstance(body, str) and body and (clean_body := redact_body(body)) != body:
+        if isinstance(body, str) and body and (clean_body := redact_body(body, key)) != body:
             changed["body"] = clean_body
     elif kind == "validated":
         summary = payload.get("summary")
         if isinstance(summary, dict) and summary:
-            clean = redacted(Validated(model="", summary=summary))
+            clean = redacted(Validated(model="", summary=summary), key)
             assert isinstance(clean, Validated)
             if clean.summary != summary:
                 changed["summary"] = clean.summary
     return {**payload, **changed} if changed else None
 
 
-def row_data(kind: str, t: float, data: str | bytes) -> str | bytes:
-    """An event row's stored data with its secrets redacted (the very same object when it holds
-    none). Raises when the row cannot be read: such a row must not ship as it is."""
+def row_data(kind: str, t: float, data: str | bytes, key: bytes | None = None) -> str | bytes:
+    """An event row's stored data with its secrets redacted, fingerprints keyed with `key` (the
+    journal's, `journal.redact.read_secret`, as its writer keys them; the very same object when
+    it holds none). Raises when the row cannot be read: such a row must not ship as it is."""
     if kind == packed.RUN_KIND:
         if not isinstance(data, bytes | memoryview) or _RUN_MARK not in data:
             return data
-        return _run(t, bytes(data), data)
+        return _run(t, bytes(data), data, key)
     fields = _FIELDS.get(kind)
     if fields is None:
         return data
@@ -70,7 +71,7 @@ def row_data(kind: str, t: float, data: str | bytes) -> str | bytes:
     if mark is not None and mark not in text:
         return data
     payload = orjson.loads(text) if isinstance(data, str) else orjson.loads(data)
-    clean = _redacted_payload(kind, payload)
+    clean = _redacted_payload(kind, payload, key)
     if clean is None:
         return data
     try:
@@ -79,14 +80,14 @@ def row_data(kind: str, t: float, data: str | bytes) -> str | bytes:
         return json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
 
 
-def _run(t0: float, data: bytes, original: str | bytes) -> str | bytes:
+def _run(t0: float, data: bytes, original: str | bytes, key: bytes | None) -> str | bytes:
     from journal.writer import encode
 
     # The pieces spelled as JSON objects are the generic entries' payloads: only a run where
     # one of them holds headers to redact is unpacked and packed again.
     pieces = data[: data.index(b"\x00")].split(b"\x01")
     if not any(
-        _RUN_MARK in piece and piece[:1] == b"{" and _redacted_payload("upstream", orjson.loads(piece)) is not None
+        _RUN_MARK in piece and piece[:1] == b"{" and _redacted_payload("upstream", orjson.loads(piece), key) is not None
         for piece in pieces
     ):
         return original
@@ -94,7 +95,7 @@ def _run(t0: float, data: bytes, original: str | bytes) -> str | bytes:
     changed = False
     for i, (seq, kind, t, payload) in enumerate(entries):
         if kind == "upstream" and payload.get("headers"):
-            clean = _redacted_payload(kind, payload)
+            clean = _redacted_payload(kind, payload, key)
             if clean is not None:
                 entries[i] = (seq, kind, t, clean)
                 changed = True

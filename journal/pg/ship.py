@@ -165,13 +165,14 @@ class Rows:
         return {row[0] for row in self.requests}
 
 
-def rows(batch: Batch) -> Rows:
+def rows(batch: Batch, key: bytes | None = None) -> Rows:
     """`batch`'s rows as PostgreSQL takes them (see the module docstring for what is mended).
 
     Events that may hold a secret are redacted again (`journal.pg.redaction`: history written
-    before redaction went by rule). A request with an event binary COPY would not carry
-    faithfully (a number past the column's 32 bits would wrap, not fail), or one of those
-    events unreadable, is left out whole, its id in `refused`."""
+    before redaction went by rule), fingerprints keyed with `key` (the journal's). A request
+    with an event binary COPY would not carry faithfully (a number past the column's 32 bits
+    would wrap, not fail), or one of those events unreadable, is left out whole, its id in
+    `refused`."""
     bad = {
         rk
         for rk, seq, _, t, _ in batch.events
@@ -185,7 +186,7 @@ def rows(batch: Batch) -> Rows:
             continue
         if kind in kinds:
             try:
-                event = (rk, seq, kind, t, redaction.row_data(kind, float(t), data))
+                event = (rk, seq, kind, t, redaction.row_data(kind, float(t), data, key))
             except Exception:
                 bad.add(rk)  # a row that may hold a secret and cannot be read never ships as it is
                 continue

@@ -39,6 +39,7 @@ from psycopg.conninfo import conninfo_to_dict
 from journal import schema as local_schema
 from journal.pg import outbox, partitions, schema, ship
 from journal.pg.pacing import Pacing
+from journal.redact import read_secret
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Shipper:
         self.batch_size = batch_size
         self.idle_s = idle_s
         self.max_age_s = max_age_s  # the local retention's age: unshipped requests past it are reported
+        self._secret = read_secret(self.path)  # old secrets are fingerprinted as the journal's writer keys them
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock_file: int | None = None
@@ -152,7 +154,7 @@ class Shipper:
                 try:
                     after = inflight[1].keys[-1] if inflight is not None else None
                     keys = [] if late else outbox.next_keys(local, self.batch_size, after)
-                    ready = ship.rows(outbox.read(local, keys)) if keys else None
+                    ready = ship.rows(outbox.read(local, keys), self._secret) if keys else None
                     if inflight is not None:
                         future, sent = inflight
                         inflight = None

@@ -171,7 +171,10 @@ class Dispatch:
             outcome = False
             worker.breaker.record(False)
             if failure.kind in ("refused", "unavailable"):
-                worker.refused(failure.error.message)
+                # The address did not answer: every data-parallel rank behind it (`url@rank`) is out.
+                for other in self._workers:
+                    if other.url == worker.url:
+                        other.refused(failure.error.message)
         elif lease.status is not None:
             outcome = outcome_of_status(lease.status)
             if outcome is not None:

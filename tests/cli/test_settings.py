@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import typer
 
-from smg.cli.main import _SETTINGS, app
+from smg.cli.main import _SETTINGS, app, router_config
 from smg.cli.options import build_component, flagged, param_name
 from smg.config import GatewayConfig, ProcessConfig
+from smg.routing.policies import PolicyConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -84,6 +85,40 @@ def test_aliases_switches_and_parsed_flags_reach_their_fields() -> None:
     assert config.log_level == "debug"
     assert config.tokenizer_autoload is False
     assert build_component(ProcessConfig, params) == ProcessConfig(workers=3, no_journal=True)
+
+
+def test_the_policy_knobs_reach_the_routers_policies() -> None:
+    params = _parsed(
+        [
+            "--cache-threshold", "0.5",
+            "--spill-abs-threshold", "8",
+            "--balance-rel-threshold", "2",
+            "--eviction-interval", "30",
+            "--max-tree-size", "1000",
+            "--prefix-token-count", "64",
+            "--prefix-hash-load-factor", "1.5",
+            "--prefix-hash-balance-abs-threshold", "3",
+            "--sticky-key-idle-secs", "60",
+            "--assignment-mode", "min_load",
+            "--routing-key-headers", "x-team",
+            "--routing-key-headers", "x-user",
+        ]
+    )  # fmt: skip
+    assert router_config(params).policies == PolicyConfig(
+        cache_threshold=0.5,
+        balance_abs_threshold=8,
+        balance_rel_threshold=2.0,
+        eviction_interval_secs=30.0,
+        max_tree_size=1000,
+        prefix_token_count=64,
+        prefix_hash_load_factor=1.5,
+        prefix_hash_balance_abs_threshold=3,
+        max_idle_secs=60.0,
+        assignment_mode="min_load",
+        routing_key_headers=("x-team", "x-user"),
+    )
+    with pytest.raises(ValueError, match="--cache-threshold must be between 0.0 and 1.0"):
+        router_config(_parsed(["--cache-threshold", "1.5"]))
 
 
 def test_environment_variables_fill_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from journal.pg import schema
 from journal.pg.read import PostgresReader
+from journal.redact import SECRET_ENV, SECRET_FILE
 from journal.store import shown
 from smg.cli.main import app
 from tests.conftest import MODEL, Scripted, wait_for_events
@@ -78,3 +79,35 @@ def test_a_query_on_the_fleet_journal_is_replayed_in_aggregate(
     assert sorted(r["headers"]["x-smg-replay-of"] for r in received) == sorted(ids[n] for n in ("p1", "p2", "p3"))
     with PostgresReader(pg_url) as fleet:
         assert fleet.count("replay:yes") == 0 and fleet.count("") == 4
+
+
+def test_a_secret_url_is_put_back_in_a_replay_read_from_the_fleet_journal(
+    worker: Spawned, candidate: Spawned, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret_url = "http://127.0.0.1:9/mcp?access_token=sk-url-secret"
+    fleet_secret = "f" * 32  # the fleet's $SMG_TENANT_SECRET: its replicas key fingerprints with it
+    journal = tmp_path / "smg-journal.db"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        schema.migrate(conn)
+    gateway = spawn_gateway([worker.url], journal=journal, env={SECRET_ENV: fleet_secret})
+    try:
+        body = {
+            "model": MODEL,
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": "[u1] hello ibis"}],
+            "mcp_servers": [{"type": "url", "name": "files", "url": secret_url}],
+        }
+        with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+            assert client.post("/v1/messages", json=body, headers={"x-request-id": "u1"}).status_code == 200
+    finally:
+        gateway.stop()
+    original = wait_for_events(journal, "u1")[0].request_id  # type: ignore[attr-defined]
+    ship_all(journal, pg_url)
+    monkeypatch.setenv(SECRET_ENV, fleet_secret)
+    (journal.parent / SECRET_FILE).unlink(missing_ok=True)  # the reader has the fleet's secret only
+    for form in ([original], ["ibis", "--report", str(tmp_path / "report.json")]):
+        Scripted(candidate.url).reset()
+        result = runner.invoke(app, ["replay", *form, "--to", candidate.url, "-j", pg_url, "--secret-url", secret_url])
+        assert result.exit_code == 0, result.output
+        (sent,) = Scripted(candidate.url).received()
+        assert sent["json"]["mcp_servers"][0]["url"] == secret_url, form

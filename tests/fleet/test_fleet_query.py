@@ -26,6 +26,7 @@ from journal.pg.outbox import Batch
 from journal.pg.query import compile_query
 from journal.pg.read import PostgresReader
 from journal.query import QueryError
+from journal.redact import SECRET_ENV, redact_value
 from tests.journal.test_query import (
     EXAMPLES,
     NOW,
@@ -175,3 +176,25 @@ def test_like_metacharacters_are_literal(fleet_db: psycopg.Connection[Any]) -> N
     assert select_ids(fleet_db, "replica:r*") == {"a", "b", "c", "D"}
     # ASCII letters only, as SQLite's LIKE: É is not é.
     assert select_ids(fleet_db, "replica:r-É*") == set() and select_ids(fleet_db, "replica:r-é*") == {"D"}
+
+
+def test_a_callers_key_is_matched_by_its_fleet_fingerprints(
+    fleet_db: psycopg.Connection[Any], postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s" * 32  # the fleet's $SMG_TENANT_SECRET, which its replicas key fingerprints with
+    monkeypatch.setenv(SECRET_ENV, secret)
+
+    def fp(value: str, key: bytes | None = None) -> str:  # a summary row's key_fp: the redacted key's digest
+        return redact_value(value, key).removeprefix("[redacted sha256:").removesuffix("]")
+
+    table = [row("new", key_fp=fp("sk-ant-mine", secret.encode())), row("old", key_fp=fp("sk-ant-mine"))]
+    table.append(row("other", key_fp=fp("sk-ant-other", secret.encode())))
+    # What the module's other loads counted: their TRUNCATE fires no trigger.
+    fleet_db.execute("TRUNCATE rollups, rollup_sketch")
+    load(fleet_db, table, ["web-1", "web-1", "web-2"])
+    with PostgresReader(postgres.url("fleet_query")) as reader:
+        assert reader.count("key:sk-ant-mine") == 2
+        assert {r["id"] for r in reader.list_requests(10, query="key:sk-ant-mine")} == {"new", "old"}
+        assert reader.count("!key:sk-ant-mine") == 1
+        reader.exact_up_to = 0  # from the rollups, as a large fleet journal's stats are
+        assert reader.stats("!key:sk-ant-mine")["requests"] == 1

@@ -19,6 +19,7 @@ from journal import schema as local_schema
 from journal.events import Completed, Received, Tokens, Upstream, Validated, event_from_dict
 from journal.pg import outbox, schema
 from journal.pg.shipper import Shipper
+from journal.redact import SECRET_ENV, SECRET_FILE, redact_value
 from journal.retention import prune
 from journal.writer import JournalWriter, encode
 from tools.build_journal import T0, Traffic, build, requests
@@ -310,3 +311,40 @@ async def test_secrets_an_older_writer_left_in_clear_never_ship(
     assert [row[1] for row in fleet] == ["received", "validated", "run", "completed"]
     assert packed.unpack(3, fleet[2][2], fleet[2][3])[1][3]["data"] == "data: {}\n\n"  # the rest as it was
     assert orjson.loads(fleet[0][3])["headers"]["content-type"] == "application/json"
+
+
+async def test_old_secrets_ship_with_the_journals_keyed_fingerprints(
+    tmp_path: Path, sink: str, started: list[Shipper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    path = tmp_path / "j.db"
+    key = b"k" * 32
+    (tmp_path / SECRET_FILE).write_bytes(key)  # as the gateway writing the journal made it
+    goog, mcp, head_key = "AIzaCLEARgoog", "mcp-CLEAR", "up-CLEAR"
+    received = Received(method="POST", path="/v1/messages", headers={"x-goog-api-key": goog}, body="{}")
+    validated = Validated(model="m", summary={"mcp_servers": [{"url": "https://mcp.test", "authorization_token": mcp}]})
+    head = Upstream(part="head", status=200, headers={"x-api-key": head_key}, t=0.1)
+    writer = JournalWriter(path, secret=key)
+    await writer.start()
+    for seq, event in enumerate(
+        [received, validated, head, Upstream(part="chunk", data="data: {}\n\n", t=0.2), Completed(200, 5.0, t=0.3)], 1
+    ):
+        await writer.append("old-1", seq, event)
+    await writer.close()
+    # What a writer from before redaction by rule stored: these secrets in clear.
+    conn = local_schema.connect(path)
+    for kind, event in (("received", received), ("validated", validated)):
+        conn.execute("UPDATE events SET data = ? WHERE kind = ?", (encode(event).decode(), kind))
+    ((t0, run),) = conn.execute("SELECT t, data FROM events WHERE kind = 'run'").fetchall()
+    inner = [event_from_dict(k, p, t) for _, k, t, p in packed.unpack(3, t0, run)]
+    inner[0] = head
+    conn.execute("UPDATE events SET data = ? WHERE kind = 'run'", (packed.pack(inner, t0, encode),))
+    conn.close()
+    shipper = _start(started, path, sink, "web-1")
+    until(lambda: shipper.stats["requests_shipped"] == 1, what="shipping")
+    fleet = _fleet(sink, "web-1")[1]["old-1"]
+    assert orjson.loads(fleet[0][3])["headers"]["x-goog-api-key"] == redact_value(goog, key)
+    summary = orjson.loads(fleet[1][3])["summary"]
+    assert summary["mcp_servers"][0]["authorization_token"] == redact_value(mcp, key)
+    shipped_head = packed.unpack(3, fleet[2][2], fleet[2][3])[0][3]
+    assert shipped_head["headers"]["x-api-key"] == redact_value(head_key, key)

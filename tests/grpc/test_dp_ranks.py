@@ -180,3 +180,34 @@ def test_the_rank_policy_keeps_new_requests_off_the_rank_holding_a_long_prompt(t
             gateway.stop()
         control.close()
         engine.stop()
+
+
+def test_an_engine_found_dead_takes_all_its_ranks_out_at_once(tmp_path: Path) -> None:
+    dead, live = _engine("sglang", 3), _engine("sglang", 2)
+    journal = tmp_path / "dp.db"
+    gateway: Spawned | None = None
+    try:
+        gateway = spawn_gateway(
+            [dead.url, live.url],
+            journal=journal,
+            # No health check before the test is over: what takes the ranks out is the request.
+            extra=["--dp-aware", "--policy", "round_robin", "--model-path", str(QWEN3),
+                   "--health-check-interval-secs", "3600"],
+        )  # fmt: skip
+        dead.stop()
+        for _ in range(5):  # round robin reaches the dead engine within a round of its five ranks
+            routed = _routed(journal, httpx.post(gateway.url + "/v1/messages", json=BODY, timeout=30))
+            on_dead = [r for r in routed if (r.worker or "").startswith(dead.url + "@")]
+            if on_dead:
+                break
+        # The one address that did not answer is every rank's: one attempt found it, the retry went elsewhere.
+        assert len(on_dead) == 1, [r.worker for r in routed]
+        assert routed[-1].worker is not None and routed[-1].worker.startswith(live.url + "@")
+        status = {w["url"]: w["status"] for w in httpx.get(gateway.url + "/workers").json()["workers"]}
+        assert [status[f"{dead.url}@{rank}"] for rank in range(3)] == [status[f"{dead.url}@0"]] * 3
+        assert status[f"{dead.url}@0"] != "ready" and status[f"{live.url}@0"] == "ready"
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        dead.stop()
+        live.stop()

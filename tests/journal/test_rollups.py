@@ -58,6 +58,9 @@ QUERIES = [
     f"since:{_iso(T0 + 1800.5)} until:{_iso(T0 + 7200.25)}",
     f"since:{_iso(T0 + 3600)} model:qwen3-8b",
     f"until:{_iso(T0 + 30)}",  # inside one minute: no rollup row at all
+    # a caller's key itself, matched by its fingerprints
+    "!key:sk-ant-key-1",
+    "key:sk-ant-key-1 | model:qwen3-8b",
 ]
 
 

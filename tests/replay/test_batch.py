@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from journal.events import Completed, Received
 from journal.reader import JournalReader
+from journal.redact import read_secret
 from journal.writer import JournalWriter
 from replay.batch import difference_kinds, select, selection
 from replay.diff import Difference, from_http
@@ -54,6 +55,8 @@ TRAFFIC = {
     "r12": False,  # slower than --timeout: failed (timeout)
 }
 TIMEOUT_SECS = 2
+# A URL whose credential the journal keeps only as a fingerprint, keyed with the journal's secret.
+SECRET_URL = "http://127.0.0.1:9/doc.pdf?access_token=sk-url-secret"
 MCP_SERVER = {"type": "url", "name": "docs", "url": "http://127.0.0.1:9/mcp", "authorization_token": "sk-mcp-secret"}
 REPORT_KEYS = {
     "schema",
@@ -111,8 +114,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
                 # An MCP server's token: the journal keeps only its fingerprint.
                 secret = _body("s1", False, "walrus") | {"mcp_servers": [MCP_SERVER]}
                 assert client.post("/v1/messages", json=secret, headers={"x-request-id": "s1"}).status_code == 200
+                files = {"type": "url", "name": "files", "url": SECRET_URL}
+                url = _body("s2", False, "narwhal") | {"mcp_servers": [files]}
+                assert client.post("/v1/messages", json=url, headers={"x-request-id": "s2"}).status_code == 200
             ids: dict[str, str] = {}
-            for name in [*TRAFFIC, "other1", "other2", "s1"]:
+            for name in [*TRAFFIC, "other1", "other2", "s1", "s2"]:
                 ids[name] = wait_for_events(journal, name)[0].request_id  # type: ignore[attr-defined]
         finally:
             gateway.stop()
@@ -344,6 +350,23 @@ def test_a_request_whose_secret_nobody_supplied_is_skipped_and_counted(
     assert json.loads(report_path.read_text())["replayed"] == 1
     (sent,) = Scripted(candidate.url).received()
     assert sent["json"]["mcp_servers"][0]["authorization_token"] == "sk-mcp-secret"
+
+
+def test_a_secret_url_supplied_is_put_back_in_a_keyed_journals_batch(
+    recorded: tuple[Path, dict[str, str]], candidate: Spawned, tmp_path: Path
+) -> None:
+    journal, ids = recorded
+    assert read_secret(journal) is not None  # the gateway keyed the journal's fingerprints
+    with JournalReader(journal) as reader:
+        received = next(e for _, e in reader.events(ids["s2"]) if isinstance(e, Received))
+    assert received.body is not None and "sk-url-secret" not in received.body
+    report_path = tmp_path / "secret-url.json"
+    result = _replay(journal, "narwhal", candidate.url, "--secret-url", SECRET_URL, "--report", str(report_path))
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert (report["selected"], report["replayed"], report["skipped"]) == (1, 1, 0), report["skipped_reasons"]
+    (sent,) = Scripted(candidate.url).received()
+    assert sent["json"]["mcp_servers"][0]["url"] == SECRET_URL
 
 
 def test_ctrl_c_stops_the_batch_with_the_report_so_far(

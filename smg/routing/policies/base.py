@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from smg.flags import option
 
 
 class Candidate(Protocol):
@@ -109,17 +111,68 @@ class PolicyConfig:
       order, for the routing key (`keys.routing_key`).
     """
 
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
-    eviction_interval_secs: float = 120.0
-    max_tree_size: int = 2**26
-    prefix_token_count: int = 256
-    prefix_hash_load_factor: float = 1.25
-    prefix_hash_balance_abs_threshold: int = 10
-    max_idle_secs: float = 14400.0
-    assignment_mode: str = "random"
-    routing_key_headers: tuple[str, ...] = ("x-smg-routing-key",)
+    cache_threshold: float = field(
+        default=0.3,
+        metadata=option(
+            "--cache-threshold",
+            "cache_aware: the matched share of the prompt above which the worker holding it is preferred.",
+            aliases=("--cache-match-threshold",),
+        ),
+    )
+    balance_abs_threshold: int = field(
+        default=64,
+        metadata=option(
+            "--balance-abs-threshold",
+            "cache_aware: requests over the mean load past which a matched worker is passed over.",
+            aliases=("--spill-abs-threshold",),
+        ),
+    )
+    balance_rel_threshold: float = field(
+        default=1.5,
+        metadata=option(
+            "--balance-rel-threshold",
+            "cache_aware: times the mean load past which a matched worker is passed over.",
+            aliases=("--spill-rel-threshold",),
+        ),
+    )
+    eviction_interval_secs: float = field(
+        default=120.0,
+        metadata=option(
+            "--eviction-interval-secs",
+            "Seconds between trims of the prefix trees and of idle pins; 0 never.",
+            aliases=("--eviction-interval",),
+        ),
+    )
+    max_tree_size: int = field(
+        default=2**26, metadata=option("--max-tree-size", "cache_aware: characters each model's tree keeps.")
+    )
+    prefix_token_count: int = field(
+        default=256, metadata=option("--prefix-token-count", "prefix_hash: tokens of the prompt hashed.")
+    )
+    prefix_hash_load_factor: float = field(
+        default=1.25,
+        metadata=option("--prefix-hash-load-factor", "prefix_hash: times the mean load that overloads an owner."),
+    )
+    prefix_hash_balance_abs_threshold: int = field(
+        default=10,
+        metadata=option(
+            "--prefix-hash-balance-abs-threshold", "prefix_hash: requests over the mean load that overload an owner."
+        ),
+    )
+    max_idle_secs: float = field(
+        default=14400.0,
+        metadata=option(
+            "--max-idle-secs", "manual: seconds a routing key's pin lasts unused.", aliases=("--sticky-key-idle-secs",)
+        ),
+    )
+    assignment_mode: str = field(
+        default="random",
+        metadata=option("--assignment-mode", "manual: how a new key picks its worker: random, min_load, min_group."),
+    )
+    routing_key_headers: tuple[str, ...] = field(
+        default=("x-smg-routing-key",),
+        metadata=option("--routing-key-headers", "Headers read, in order, for the sticky routing key."),
+    )
 
     def __post_init__(self) -> None:
         # The reference's startup checks. Each condition is false for NaN, so NaN is refused too.
