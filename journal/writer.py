@@ -75,6 +75,7 @@ import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
@@ -82,7 +83,7 @@ import orjson
 from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
-from journal.events import Event
+from journal.events import Event, Received, Upstream
 from journal.redact import redacted, redacted_body
 
 log = logging.getLogger(__name__)
@@ -803,6 +804,7 @@ class JournalWriter:
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
+                received = event
                 event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
@@ -810,6 +812,11 @@ class JournalWriter:
                 row = self._summaries.get(request_id)
                 if row is None:
                     row = {"bodies": body_filter.mode}
+                if isinstance(event, Received) and event.body is not None:
+                    row[search.AS_RECEIVED] = event.body is getattr(received, "body", None)
+                elif isinstance(event, Upstream) and event.parsed is not None:
+                    if event.data is not getattr(received, "data", None):  # what was parsed is not stored
+                        event = replace(event, parsed=None)
                 summary.apply(row, request_id, event)
             except Exception:
                 self._events_refused += 1
