@@ -91,8 +91,11 @@ log = logging.getLogger(__name__)
 INLINE_REDACT_CHARS = 1 << 20
 """The longest `received` body `append` redacts on the caller's (event loop's) time; a longer one
 is redacted by the writer thread."""
-ESCAPE_WINDOW_CHARS = 1 << 20
-"""How much of a long text one escaping call of `encode` covers at most."""
+ESCAPE_WINDOW_CHARS = 1 << 15
+"""How much of a long text one escaping call of `encode` covers at most (orjson reserves 16
+bytes of buffer per character, and keeps them in its result: 512 KiB a window, from the heap)."""
+LONG_TEXT_CHARS = 1 << 20
+"""A text field longer than this is escaped a window at a time."""
 STORED_AS_TEXT_BYTES = 1 << 20
 """The longest payload stored as TEXT; a longer one is stored as the bytes `encode` built (a BLOB,
 which every reader decodes the same way), not copied once more into a `str`."""
@@ -202,11 +205,11 @@ def encode(event: Event) -> bytes:
     """The stored JSON payload of an event (already redacted by `append`). Text that UTF-8
     cannot hold (lone surrogates) is stored escaped rather than failing the event.
 
-    A text field over `ESCAPE_WINDOW_CHARS` (a `received` body, a relayed answer of megabytes)
+    A text field over `LONG_TEXT_CHARS` (a `received` body, a relayed answer of megabytes)
     is escaped a window at a time and spliced in: one C call over the whole text would hold
     the GIL, and the event loop with it, for tens of milliseconds per 20 MiB."""
     payload = event.to_dict()
-    if any(type(v) is str and len(v) > ESCAPE_WINDOW_CHARS for v in payload.values()):
+    if any(type(v) is str and len(v) > LONG_TEXT_CHARS for v in payload.values()):
         return _spliced(payload)
     return _dumps(payload)
 
@@ -224,16 +227,17 @@ def _dumps(value: Any) -> bytes:
 def _spliced(payload: dict[str, Any]) -> bytes:
     """`payload` as `_dumps` writes it, its long texts escaped a window at a time (a JSON
     string's escaping is per character, so the windows' escapes joined are the whole one's)."""
-    parts: list[bytes | memoryview] = [b"{"]
+    parts: list[bytes] = [b"{"]
     for name, value in payload.items():
         if len(parts) > 1:
             parts.append(b",")
         parts.append(_dumps(name))
         parts.append(b":")
-        if type(value) is str and len(value) > ESCAPE_WINDOW_CHARS:
+        if type(value) is str and len(value) > LONG_TEXT_CHARS:
             parts.append(b'"')
             for at in range(0, len(value), ESCAPE_WINDOW_CHARS):
-                parts.append(memoryview(_dumps(value[at : at + ESCAPE_WINDOW_CHARS]))[1:-1])
+                # Copied out: orjson's result keeps the buffer it reserved, 16 times the window.
+                parts.append(memoryview(_dumps(value[at : at + ESCAPE_WINDOW_CHARS]))[1:-1].tobytes())
             parts.append(b'"')
         else:
             parts.append(_dumps(value))
