@@ -175,8 +175,9 @@ class Upstream(Event):
     first as an `original` part, which only the journal keeps: projections ignore it, as they
     ignore a prefill/decode deployment's prefill leg (`prefill:head`, `prefill:body`). Text is
     stored as text; bytes that are not UTF-8 are stored base64-encoded with
-    `encoding="base64"`. `parsed`: a `body` part's JSON as the gateway already parsed it (for its
-    usage; never stored), which the journal's search index reads instead of parsing `data` again.
+    `encoding="base64"`. Never stored: `parsed`, a `body` part's JSON as the gateway already
+    parsed it (for its usage), which the journal's search index reads instead of parsing `data`
+    again; `raw`, the bytes as they arrived, which `payload` hands on instead of encoding `data`.
     """
 
     kind: ClassVar[str] = "upstream"
@@ -187,9 +188,12 @@ class Upstream(Event):
     encoding: str = "utf-8"
     worker: str | None = None
     parsed: Any = field(default=None, repr=False, compare=False, metadata=_NOT_STORED)
+    raw: bytes | None = field(default=None, repr=False, compare=False, metadata=_NOT_STORED)
 
     def payload(self) -> bytes:
         """The exact bytes this part stands for."""
+        if self.raw is not None:
+            return self.raw
         from journal.pieces import piece_bytes
 
         return piece_bytes(self.data, self.encoding) if self.data else b""
