@@ -27,11 +27,14 @@ class Event:
         """The payload without `t` (stored in its own column)."""
         names = _PAYLOAD_FIELDS.get(type(self))
         if names is None:  # `fields()` is slow, and this runs for every event journaled
-            names = _PAYLOAD_FIELDS[type(self)] = tuple(f.name for f in fields(self) if f.name != "t")
+            names = _PAYLOAD_FIELDS[type(self)] = tuple(
+                f.name for f in fields(self) if f.name != "t" and f.metadata.get("stored", True)
+            )
         return {name: getattr(self, name) for name in names}
 
 
 _PAYLOAD_FIELDS: dict[type[Event], tuple[str, ...]] = {}
+_NOT_STORED = {"stored": False}  # a field the journal reads on its way but never stores
 
 
 def _register(cls: type[E]) -> type[E]:
@@ -42,7 +45,7 @@ def _register(cls: type[E]) -> type[E]:
 def event_from_dict(kind: str, data: dict[str, Any], t: float = 0.0) -> Event:
     """Rebuild an event from its stored kind and payload; unknown keys are ignored."""
     cls = _REGISTRY[kind]
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in fields(cls) if f.metadata.get("stored", True)}
     return cls(**{k: v for k, v in data.items() if k in names}, t=t)
 
 
@@ -83,12 +86,17 @@ class Received(Event):
 @_register
 @dataclass(slots=True)
 class Validated(Event):
-    """The body parsed and passed every rule."""
+    """The body parsed and passed every rule.
+
+    `parsed_body`: the body as validation parsed it, when it was large (never stored): the
+    journal's search index reads it instead of parsing the stored body once more.
+    """
 
     kind: ClassVar[str] = "validated"
     model: str
     stream: bool = False
     summary: dict[str, Any] = field(default_factory=dict)
+    parsed_body: Any = field(default=None, repr=False, compare=False, metadata=_NOT_STORED)
 
 
 @_register
@@ -167,7 +175,9 @@ class Upstream(Event):
     first as an `original` part, which only the journal keeps: projections ignore it, as they
     ignore a prefill/decode deployment's prefill leg (`prefill:head`, `prefill:body`). Text is
     stored as text; bytes that are not UTF-8 are stored base64-encoded with
-    `encoding="base64"`.
+    `encoding="base64"`. Never stored: `parsed`, a `body` part's JSON as the gateway already
+    parsed it (for its usage), which the journal's search index reads instead of parsing `data`
+    again; `raw`, the bytes as they arrived, which `payload` hands on instead of encoding `data`.
     """
 
     kind: ClassVar[str] = "upstream"
@@ -177,9 +187,13 @@ class Upstream(Event):
     data: str | None = None
     encoding: str = "utf-8"
     worker: str | None = None
+    parsed: Any = field(default=None, repr=False, compare=False, metadata=_NOT_STORED)
+    raw: bytes | None = field(default=None, repr=False, compare=False, metadata=_NOT_STORED)
 
     def payload(self) -> bytes:
         """The exact bytes this part stands for."""
+        if self.raw is not None:
+            return self.raw
         from journal.pieces import piece_bytes
 
         return piece_bytes(self.data, self.encoding) if self.data else b""

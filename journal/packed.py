@@ -204,7 +204,16 @@ def pack(events: Sequence[Event], t0: float, encode: Callable[[Event], bytes]) -
         else:
             raise ValueError(f"{kind} events are not packed")
         prev_us = us
-    return b"\x01".join(pieces) + b"\x00" + bytes(body)
+    # One join: the text section and the entries are not copied again to be put together.
+    parts: list[bytes | bytearray] = []
+    for piece in pieces:
+        parts += (piece, b"\x01")
+    if parts:
+        parts[-1] = b"\x00"
+    else:
+        parts.append(b"\x00")
+    parts.append(body)
+    return b"".join(parts)
 
 
 def _text(out: bytearray, text: Any) -> None:

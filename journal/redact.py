@@ -200,14 +200,22 @@ def redact_url(text: str, key: bytes | None = None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+@functools.lru_cache(maxsize=8)
+def _literal(needle: str) -> re.Pattern[str]:
+    return re.compile(re.escape(needle))
+
+
 def _contains(text: str, needle: str) -> bool:
     """`needle in text`, a window at a time over a text of megabytes (windows overlap by the
     needle's length less one): the writer thread scans a body while the event loop waits for
-    the GIL, and a window is as long as the loop waits."""
+    the GIL, and a window is as long as the loop waits. The windows are searched in place (a
+    pattern's `pos`/`endpos`), with no copy of the text; and `re`'s literal search is several
+    times faster than `in` for needles of a few characters."""
     if len(text) <= SCAN_WINDOW_CHARS:
         return needle in text
+    search = _literal(needle).search
     step = SCAN_WINDOW_CHARS - len(needle) + 1
-    return any(needle in text[at : at + SCAN_WINDOW_CHARS] for at in range(0, len(text), step))
+    return any(search(text, at, at + SCAN_WINDOW_CHARS) is not None for at in range(0, len(text), step))
 
 
 def _may_hold_url_secret(text: str) -> bool:

@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from journal import packed
-from journal.events import Block, Completed, Error, Event, Received, Rejected, Upstream, event_from_dict
+from journal.events import Block, Completed, Error, Event, Received, Rejected, Upstream, Validated, event_from_dict
 
 COLUMNS: tuple[str, ...] = (
     "trace_id",
@@ -81,6 +81,15 @@ _REDACTED = "[redacted sha256:"
 # a relayed chunk ended in the middle of, whether the stream started and reached its end.
 _TEXT, _SIZE, _SSE, _STARTED, _STOPPED = "_text", "_text_size", "_sse", "_started", "_stopped"
 _SSE_PARTS, _SSE_SIZE = "_sse_parts", "_sse_size"
+# A large `received` body waiting for the request's `validated` event (see `AS_RECEIVED`).
+_PENDING_BODY = "_pending_body"
+AS_RECEIVED = "_as_received"
+"""Set by the journal writer in a request's summary dict before it folds the `received` event
+when the body it stores is the very text received (no secret redacted, `--journal-bodies full`):
+a body over `PARSED_ELSEWHERE_CHARS` is then not parsed again, its columns and text are taken
+from the `validated` event's `parsed_body` (validation parsed the same text), or parsed when
+the request is refused or ends without one."""
+PARSED_ELSEWHERE_CHARS = 1 << 20
 _SSE_DRAIN = 256 * 1024  # gathered SSE characters read at once at most
 _DELTA_KEYS = ("text", "thinking", "partial_json")
 # The SSE events other than deltas that `fold` takes anything from.
@@ -165,9 +174,15 @@ def fold(row: dict[str, Any], event: Event) -> None:
         _fold_upstream(row, event)
     elif isinstance(event, Received):
         _fold_received(row, event)
+    elif isinstance(event, Validated):
+        if (pending := row.pop(_PENDING_BODY, None)) is not None:
+            text, session = pending
+            _fold_body(row, _parsed(row, text) if event.parsed_body is None else event.parsed_body, session)
     elif isinstance(event, Error | Rejected):
+        _settle_pending(row)
         _add(row, event.message)
     elif isinstance(event, Completed):
+        _settle_pending(row)
         _drain_sse(row)
         if event.disconnected:
             row["hung_up"] = 1
@@ -188,12 +203,30 @@ def _fold_received(row: dict[str, Any], event: Received) -> None:
         if value.startswith(_REDACTED) and value.endswith("]"):
             row["key_fp"] = value[len(_REDACTED) : -1]
             break
-    body: Any = None
-    if event.body:
-        try:
-            body = orjson.loads(event.body)
-        except orjson.JSONDecodeError:
-            _add(row, event.body)
+    as_received = row.pop(AS_RECEIVED, False)
+    if as_received and event.body and len(event.body) > PARSED_ELSEWHERE_CHARS:
+        row[_PENDING_BODY] = (event.body, session)
+        return
+    _fold_body(row, _parsed(row, event.body) if event.body else None, session)
+
+
+def _parsed(row: dict[str, Any], text: str) -> Any:
+    """A `received` body parsed; None (and its text indexed as it is) when it is not JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        _add(row, text)
+        return None
+
+
+def _settle_pending(row: dict[str, Any]) -> None:
+    """A large body whose request ended without a `validated` event: parsed after all."""
+    if (pending := row.pop(_PENDING_BODY, None)) is not None:
+        text, session = pending
+        _fold_body(row, _parsed(row, text), session)
+
+
+def _fold_body(row: dict[str, Any], body: Any, session: str | None) -> None:
     if not isinstance(body, dict):
         if session:
             row["thread_key"] = f"s:{session}"
@@ -268,11 +301,13 @@ def _fold_upstream(row: dict[str, Any], event: Upstream) -> None:
         return
     row[_STARTED] = True
     if event.part == "body":
-        try:
-            body = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            _add(row, event.data)
-            return
+        body = event.parsed
+        if body is None:
+            try:
+                body = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                _add(row, event.data)
+                return
         if isinstance(body, dict):
             _add(row, " ".join(_texts(body.get("content"))))
             error = body.get("error")

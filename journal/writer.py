@@ -56,7 +56,8 @@ upstream `head` events, MCP tokens in the `received` body and the validated summ
 anything else reads it (a pass over megabytes on the event loop stalls every other client, and
 the thread scans it a window at a time, `journal.redact.SCAN_WINDOW_CHARS`); either way nothing
 is stored unredacted. The body capture mode (`bodies`, see `journal.bodies`) is applied by the
-writer thread, in order.
+writer thread, in order. A payload of megabytes is escaped a window at a time (`encode`) and
+stored as the bytes built (a BLOB; readers decode TEXT and BLOB payloads alike).
 With `retention`, a companion task prunes the file (`journal.retention`) at start and every
 `retention_interval_s`, on a connection and a thread of its own; the writer waits at most for
 one of its small delete transactions.
@@ -74,6 +75,7 @@ import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
@@ -81,7 +83,7 @@ import orjson
 from journal import packed, recovery, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
-from journal.events import Event
+from journal.events import Event, Received, Upstream
 from journal.prices import PriceTable
 from journal.redact import redacted, redacted_body
 
@@ -90,6 +92,14 @@ log = logging.getLogger(__name__)
 INLINE_REDACT_CHARS = 1 << 20
 """The longest `received` body `append` redacts on the caller's (event loop's) time; a longer one
 is redacted by the writer thread."""
+ESCAPE_WINDOW_CHARS = 1 << 15
+"""How much of a long text one escaping call of `encode` covers at most (orjson reserves 16
+bytes of buffer per character, and keeps them in its result: 512 KiB a window, from the heap)."""
+LONG_TEXT_CHARS = 1 << 20
+"""A text field longer than this is escaped a window at a time."""
+STORED_AS_TEXT_BYTES = 1 << 20
+"""The longest payload stored as TEXT; a longer one is stored as the bytes `encode` built (a BLOB,
+which every reader decodes the same way), not copied once more into a `str`."""
 
 _STOP = object()
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
@@ -194,16 +204,51 @@ def _cleaned(value: Any) -> Any:
 
 def encode(event: Event) -> bytes:
     """The stored JSON payload of an event (already redacted by `append`). Text that UTF-8
-    cannot hold (lone surrogates) is stored escaped rather than failing the event."""
+    cannot hold (lone surrogates) is stored escaped rather than failing the event.
 
+    A text field over `LONG_TEXT_CHARS` (a `received` body, a relayed answer of megabytes)
+    is escaped a window at a time and spliced in: one C call over the whole text would hold
+    the GIL, and the event loop with it, for tens of milliseconds per 20 MiB."""
     payload = event.to_dict()
+    if any(type(v) is str and len(v) > LONG_TEXT_CHARS for v in payload.values()):
+        return _spliced(payload)
+    return _dumps(payload)
+
+
+def _dumps(value: Any) -> bytes:
     try:
-        return orjson.dumps(payload, default=_default, option=orjson.OPT_NON_STR_KEYS)
+        return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
         # Lone surrogates, or an integer past 64 bits (a client's JSON may hold one): the
         # standard library writes big integers; the reader falls back to it too.
-        text = json.dumps(_cleaned(payload), default=_default, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(_cleaned(value), default=_default, ensure_ascii=False, separators=(",", ":"))
         return text.encode("utf-8")
+
+
+def _spliced(payload: dict[str, Any]) -> bytes:
+    """`payload` as `_dumps` writes it, its long texts escaped a window at a time (a JSON
+    string's escaping is per character, so the windows' escapes joined are the whole one's)."""
+    parts: list[bytes] = [b"{"]
+    for name, value in payload.items():
+        if len(parts) > 1:
+            parts.append(b",")
+        parts.append(_dumps(name))
+        parts.append(b":")
+        if type(value) is str and len(value) > LONG_TEXT_CHARS:
+            parts.append(b'"')
+            for at in range(0, len(value), ESCAPE_WINDOW_CHARS):
+                # Copied out: orjson's result keeps the buffer it reserved, 16 times the window.
+                parts.append(memoryview(_dumps(value[at : at + ESCAPE_WINDOW_CHARS]))[1:-1].tobytes())
+            parts.append(b'"')
+        else:
+            parts.append(_dumps(value))
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def _stored(payload: bytes) -> str | bytes:
+    """What the `data` column is given for a payload: text, or the bytes of a long one."""
+    return payload if len(payload) > STORED_AS_TEXT_BYTES else payload.decode()
 
 
 # (request id, seq, kind, t, data, events in the row): the text id becomes `rk` at commit time.
@@ -769,13 +814,19 @@ class JournalWriter:
         for request_id, seq, event in events:
             try:
                 request_id = clean_text(request_id)
+                received = event
                 event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
-                data = None if packable else encode(event).decode()
+                data = None if packable else _stored(encode(event))
                 row = self._summaries.get(request_id)
                 if row is None:
                     row = {"bodies": body_filter.mode}
+                if isinstance(event, Received) and event.body is not None:
+                    row[search.AS_RECEIVED] = event.body is getattr(received, "body", None)
+                elif isinstance(event, Upstream) and event.parsed is not None:
+                    if event.data is not getattr(received, "data", None):  # what was parsed is not stored
+                        event = replace(event, parsed=None)
                 summary.apply(row, request_id, event)
                 if prices is not None and event.kind == "completed":
                     summary.price(row, prices)
@@ -838,7 +889,7 @@ class JournalWriter:
                     self._close_run(rows, request_id, part)
                     part = []
                 try:
-                    rows.append((request_id, seq, event.kind, float(event.t), encode(event).decode(), 1))
+                    rows.append((request_id, seq, event.kind, float(event.t), _stored(encode(event)), 1))
                 except Exception:
                     self._events_refused += 1
                     log.exception("journal: cannot serialize %s event of %s", event.kind, request_id)

@@ -48,12 +48,18 @@ class UsageReader:
             usage["output_tokens"] = max(int(usage.get("output_tokens") or 0), self._generated)
         return usage
 
-    def body(self, text: str) -> None:
-        """A whole non-streaming message."""
+    def body(self, text: str) -> Any:
+        """A whole non-streaming message; its JSON as parsed (None when it is not JSON), which
+        whoever else reads the message may take instead of parsing it again."""
         try:
             data = orjson.loads(text)
         except orjson.JSONDecodeError:
-            return
+            return None
+        self.message(data)
+        return data
+
+    def message(self, data: Any) -> None:
+        """A whole non-streaming message, already parsed."""
         if isinstance(data, dict):
             self._final = True
             self._take(data.get("usage"), data.get("stop_reason"))

@@ -177,7 +177,11 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                 )
             else:
                 call = admit(gateway, endpoint, headers, body, rid, request.ip or None)
-            validated = await flow.emit(Validated(model=call.model, stream=call.stream, summary=_summary(call)))
+            # A large body's parse is handed to the journal's search index, which would parse it again.
+            parsed = call.body if len(body) > _PARSE_INLINE_BYTES else None
+            validated = await flow.emit(
+                Validated(model=call.model, stream=call.stream, summary=_summary(call), parsed_body=parsed)
+            )
             if observer is not None:
                 observer.validated, observer.model, observer.stream = validated.t, call.model, call.stream
                 if observer.trace is not None:
@@ -191,8 +195,8 @@ async def serve(request: Any, endpoint: Endpoint) -> None:
                     # aclosing: a client that goes away closes the upstream at once, not at GC time.
                     async with aclosing(gateway.handle(call)) as events:
                         async for event in events:
+                            _observe(outcome, event)  # before the journal has it: see `_observe`
                             await flow.emit(event)
-                            _observe(outcome, event)
                             if observer is not None:
                                 observer.see(event)
                             if actions := projection.feed(event):  # a `tokens` event sends nothing
@@ -261,12 +265,13 @@ def _past_deadline(seconds: float) -> ApiError:
 
 
 def _observe(outcome: UsageReader, event: object) -> None:
-    """Note how the response ended (usage, stop_reason) for the `completed` event."""
+    """Note how the response ended (usage, stop_reason) for the `completed` event. A whole
+    body's parse goes with its event to the journal, whose search index reads the message too."""
     if isinstance(event, Upstream) and event.encoding == "utf-8" and event.data:
         if event.part == "chunk":
             outcome.chunk(event.data)
         elif event.part == "body":
-            outcome.body(event.data)
+            event.parsed = outcome.body(event.data)
     elif isinstance(event, Block):
         outcome.event(event.event)
     elif isinstance(event, Tokens):

@@ -116,3 +116,12 @@ def test_reconstruct_shows_what_the_client_got() -> None:
         b'event: ping\ndata: {"type":"ping"}\n\n'
         b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"busy"}}\n\n'
     )
+
+
+def test_a_relayed_body_is_sent_as_the_bytes_that_came() -> None:
+    """The bytes a relay read go to the client as they are, not re-encoded from the journal's text."""
+    raw = b'{"type":"message","content":[{"type":"text","text":"\xc3\xa9"}]}'
+    projection = Projection("req_1", stream=False)
+    projection.feed(Upstream(part="head", status=200, headers={"content-type": "application/json"}))
+    (whole,) = projection.feed(Upstream(part="body", data=raw.decode(), raw=raw))
+    assert isinstance(whole, Whole) and whole.body is raw

@@ -348,3 +348,25 @@ async def test_old_secrets_ship_with_the_journals_keyed_fingerprints(
     assert summary["mcp_servers"][0]["authorization_token"] == redact_value(mcp, key)
     shipped_head = packed.unpack(3, fleet[2][2], fleet[2][3])[0][3]
     assert shipped_head["headers"]["x-api-key"] == redact_value(head_key, key)
+
+
+async def test_a_large_body_stored_as_bytes_ships_byte_for_byte(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    """A payload over `STORED_AS_TEXT_BYTES` is a BLOB in the local file; it ships as it is stored."""
+    from journal.writer import STORED_AS_TEXT_BYTES
+
+    path = tmp_path / "j.db"
+    body = '{"messages":[{"role":"user","content":"' + "é word " * (STORED_AS_TEXT_BYTES // 6) + '"}]}'
+    writer = JournalWriter(path)
+    await writer.start()
+    events = [Received(method="POST", path="/v1/messages", body=body, ts=T0), Completed(status=200, duration_ms=1.0)]
+    for seq, event in enumerate(events, 1):
+        await writer.append("big", seq, event)
+    await writer.close()
+    shipper = _start(started, path, sink, "web-1")
+    until(lambda: shipper.stats["requests_shipped"] >= 1 and shipper.stats["unshipped"] == 0, what="shipping")
+    local, fleet = _local(path), _fleet(sink, "web-1")
+    assert fleet[1] == local[1] and fleet[0] == local[0]
+    (_, kind, _, data), _ = fleet[1]["big"]
+    assert kind == "received" and orjson.loads(data)["body"] == body

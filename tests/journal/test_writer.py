@@ -457,3 +457,79 @@ async def test_a_locked_file_delays_a_batch_but_does_not_lose_it(tmp_path: Path)
     await writer.close()
     assert writer.stats["events_dropped"] == 0 and writer.stats["incidents"] == 1
     assert db_count(path) == len(streaming_request())
+
+
+def test_a_long_text_is_encoded_a_window_at_a_time_to_the_same_bytes() -> None:
+    """`encode` escapes a text of megabytes in windows; joined, they are what one escape of the
+    whole payload gives, byte for byte, whatever straddles a window's edge."""
+    import orjson
+
+    from journal.writer import ESCAPE_WINDOW_CHARS, LONG_TEXT_CHARS, encode
+
+    edge = ESCAPE_WINDOW_CHARS - 1
+    body = "x" * edge + '"é\n\\' + "\u2028😀\x01" * 3 + "y" * LONG_TEXT_CHARS
+    event = Received(method="POST", path="/v1/messages", headers={"a": "b"}, body=body, ts=1.5)
+    assert encode(event) == orjson.dumps(event.to_dict())
+    surrogate = Received(method="POST", path="/v1/messages", body="z" * edge + "\udc80" + "z" * 10)
+    assert orjson.loads(encode(surrogate))["body"] == "z" * edge + "\\udc80" + "z" * 10
+
+
+async def test_a_large_received_body_is_stored_as_the_bytes_encoded(tmp_path: Path) -> None:
+    """A payload of megabytes goes to SQLite as the bytes `encode` built (a BLOB), not copied once
+    more into a `str`; it reads back as the very body."""
+    from journal.writer import STORED_AS_TEXT_BYTES
+
+    body = '{"messages":[{"role":"user","content":"' + "é word " * (STORED_AS_TEXT_BYTES // 6) + '"}]}'
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path)
+    await writer.start()
+    await writer.append("big", 1, Received(method="POST", path="/v1/messages", body=body, ts=1.0))
+    await writer.append("small", 1, Received(method="POST", path="/v1/messages", body="{}", ts=1.0))
+    for request_id in ("big", "small"):
+        await writer.append(request_id, 2, Completed(status=200, duration_ms=1.0))
+    await writer.close()
+    with sqlite3.connect(path) as conn:
+        stored = dict(
+            conn.execute(
+                "SELECT r.id, typeof(e.data) FROM events AS e JOIN requests AS r ON r.rk = e.rk"
+                " WHERE e.kind = 'received'"
+            ).fetchall()
+        )
+    assert stored == {"big": "blob", "small": "text"}
+    with JournalReader(path) as reader:
+        (_, received), _ = reader.events("big")
+        assert isinstance(received, Received) and received.body == body
+
+
+def test_a_long_text_is_encoded_without_a_buffer_for_the_whole_of_it() -> None:
+    """One orjson call over a whole text reserves ~16 bytes per character (a 20 MiB body: 265 MB
+    for a moment); window by window the peak is the payload and its pieces."""
+    import tracemalloc
+
+    from journal.writer import LONG_TEXT_CHARS, encode
+
+    event = Received(method="POST", path="/v1/messages", body="word " * (2 * LONG_TEXT_CHARS // 5))
+    tracemalloc.start()
+    try:
+        payload = encode(event)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(payload)
+
+
+def test_a_run_is_put_together_in_one_copy() -> None:
+    """`pack` joins its text section and entries at once: a relayed body of megabytes is not
+    copied twice more to build its row."""
+    import tracemalloc
+
+    payload = b'{"part":"body","data":"' + b"x" * (4 << 20) + b'"}'
+    event = Upstream(part="body", data="unused")
+    tracemalloc.start()
+    try:
+        data = packed.pack([event], 0.0, lambda _: payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert data.startswith(payload + b"\x00")
+    assert peak < 1.5 * len(payload)

@@ -73,3 +73,37 @@ def test_the_memory_of_big_relayed_bodies_is_given_back(relay: Spawned) -> None:
     while _rss_mb(relay.proc.pid) > start + SLACK_MB and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _rss_mb(relay.proc.pid) <= start + SLACK_MB, f"started at {start:.0f} MB"
+
+
+def test_a_big_relayed_body_is_journaled_as_received_and_found(relay: Spawned, tmp_path: Path) -> None:
+    """The journal keeps a large body as the client sent it and indexes it and its answer, from
+    the parses the gateway made for validation and for the answer's usage."""
+    from journal.events import Received
+    from journal.reader import JournalReader
+
+    body = orjson.dumps(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "metadata": {"user_id": "u-big"},
+            "messages": [
+                {"role": "user", "content": "word " * (1 << 19)},
+                {"role": "assistant", "content": "Yes."},
+                {"role": "user", "content": "Zebra é?"},
+            ],
+        }
+    )
+    reply = httpx.post(
+        relay.url + "/v1/messages", content=body, headers={"content-type": "application/json"}, timeout=300
+    )
+    assert reply.status_code == 200
+    request_id = reply.headers["x-request-id"]
+    with JournalReader(tmp_path / "journal.db") as reader:
+        deadline = time.monotonic() + 30
+        while (row := reader.get_request(request_id)) is None or not row.get("completed"):
+            assert time.monotonic() < deadline, "the request was not journaled"
+            time.sleep(0.1)
+        (_, received), *_ = reader.events(request_id)
+        assert isinstance(received, Received) and received.body is not None and received.body.encode() == body
+        assert row["user_id"] == "u-big" and row["turns"] == 3
+        assert reader.count("zebra") == 1 and reader.count("echo") == 1  # the last turn's text, the answer's

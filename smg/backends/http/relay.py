@@ -165,6 +165,6 @@ class HttpConnector:
                 )
                 return
             data, encoding = text_piece(raw)
-            yield Upstream(part="body", data=data, encoding=encoding)
+            yield Upstream(part="body", data=data, encoding=encoding, raw=raw)  # sent as it came
         finally:
             await response.aclose()
