@@ -276,11 +276,25 @@ def backfill(conn: sqlite3.Connection) -> None:
 
 def discount(conn: sqlite3.Connection, where: str, params: Sequence[object]) -> None:
     """Take the completed requests `where` selects out of the rollups (before deleting them;
-    in the caller's transaction)."""
+    in the caller's transaction). The rows and sketch buckets it empties are deleted: a journal
+    pruned to a size must not keep the rollups of requests it no longer holds."""
+    span = conn.execute(
+        f"SELECT min({_number('ts')}), max({_number('ts')}) FROM requests AS r WHERE completed = 1 AND ({where})",
+        list(params),
+    ).fetchone()
     for grain in GRAINS:
         rollup, sketches = _grouped(where, -1, grain)
         conn.execute(sketches, list(params) * 3)
         conn.execute(rollup, list(params))
+    if span is None or span[0] is None:
+        return
+    for grain in GRAINS:
+        # Only the rows of the time the pruned requests arrived in can have been emptied.
+        rows = f"SELECT rid FROM {TABLE} WHERE grain = ? AND ts BETWEEN ? AND ?"
+        bounds = (grain, int(span[0]) // grain * grain, int(span[1]))
+        conn.execute(f"DELETE FROM {SKETCH_TABLE} WHERE n <= 0 AND rid IN ({rows})", bounds)
+        conn.execute(f"DELETE FROM {SKETCH_TABLE} WHERE rid IN ({rows} AND requests <= 0)", bounds)
+        conn.execute(f"DELETE FROM {TABLE} WHERE grain = ? AND ts BETWEEN ? AND ? AND requests <= 0", bounds)
 
 
 def present(conn: sqlite3.Connection) -> bool:

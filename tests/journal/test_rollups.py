@@ -179,6 +179,20 @@ def test_pruning_takes_its_requests_out_of_the_rollups(journal: Path, tmp_path: 
     assert ours["cost_usd"]["total"] == pytest.approx(scan["cost_usd"]["total"])
 
 
+def test_pruning_everything_leaves_no_rollup_rows_behind(journal: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.db"
+    shutil.copy(journal, copy)
+    prune(copy, max_age_s=1.0, now=T0 + 10 * 86400)
+    conn = sqlite3.connect(copy)
+    try:
+        assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 0
+        # Emptied rows and buckets go with their requests: a size-bounded journal keeps no rollups of nothing.
+        assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE}").fetchone()[0] == 0
+        assert conn.execute(f"SELECT count(*) FROM {rollups.SKETCH_TABLE}").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
 def test_a_request_moved_after_completing_is_moved_in_the_rollups(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
