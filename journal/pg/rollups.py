@@ -2,8 +2,9 @@
 
 Same rows as the local file's (one per minute, hour and day of arrival and combination of
 `journal.rollups.DIMENSIONS`, with the same sums, and the same log-scale latency sketches in
-`rollup_sketch`), plus the partition `day` of their requests. A row trigger on `requests`
-(cloned onto every day partition) counts a row that is completed when it is inserted, moves
+`rollup_sketch`), plus the partition `day` of their requests. Statement triggers on `requests`
+(one per insert, update and delete, over the statement's transition tables, so a shipped batch
+is counted by a few grouped upserts) count a row that is completed when it is inserted, move
 one when it is updated (the shipper's upsert of a request whose summary changed after it
 shipped: its old row is taken out and its new one counted, never both kept) and takes out one
 that is deleted (retention's trim of the boundary day). A resent batch changes no row, so it
@@ -74,7 +75,7 @@ _MERGE = ", ".join(
     ]
 )
 
-_DDL = (
+_TABLES = (
     "ALTER TABLE requests ADD COLUMN cost_usd double precision",
     f"""CREATE TABLE {TABLE} (
         rid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -90,33 +91,7 @@ _DDL = (
     f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)",
     f"CREATE TABLE {SKETCH_TABLE} (rid bigint NOT NULL REFERENCES {TABLE} ON DELETE CASCADE,"
     " metric smallint NOT NULL, bucket bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (rid, metric, bucket))",
-    f"""CREATE FUNCTION smg_rollup_count(r requests, sign integer) RETURNS void LANGUAGE sql AS $$
-        WITH k AS (
-            INSERT INTO {TABLE} ({_COLUMNS}) SELECT {_VALUES} FROM {_GRAINS}
-            ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}
-            RETURNING rid
-        )
-        INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
-        SELECT k.rid, v.metric, v.bucket, sign FROM k,
-            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
-            AS v (metric, bucket)
-        WHERE v.bucket IS NOT NULL
-        ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = {SKETCH_TABLE}.n + excluded.n
-    $$""",
-    """CREATE FUNCTION smg_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF TG_OP <> 'INSERT' AND OLD.completed = 1 THEN
-            PERFORM smg_rollup_count(OLD, -1);
-        END IF;
-        IF TG_OP <> 'DELETE' AND NEW.completed = 1 THEN
-            PERFORM smg_rollup_count(NEW, 1);
-        END IF;
-        RETURN NULL;
-    END $$""",
-)
-_TRIGGER = (
-    "CREATE TRIGGER requests_rollup AFTER INSERT OR UPDATE OR DELETE ON requests"
-    " FOR EACH ROW EXECUTE FUNCTION smg_rollup()"
+    # Filled in below, once the grouped statements are built.
 )
 
 _R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
@@ -146,6 +121,63 @@ _BACKFILL = (
 )
 
 
+
+def _counted(source: str) -> tuple[str, str]:
+    """The two statements that add the rows `source` yields (request rows with a `sign`: 1 to
+    count one, -1 to take it out), grouped: into the rollups, then into their sketches."""
+    rollup = f"""INSERT INTO {TABLE} ({_COLUMNS})
+    SELECT r.day, g.grain, {_MINUTE}, {_R_DIMS}, sum(r.sign),
+        COALESCE(sum(r.sign * r.input_tokens), 0), COALESCE(sum(r.sign * r.output_tokens), 0),
+        COALESCE(sum(r.sign * r.cost_usd), 0), sum(r.sign * (r.cost_usd IS NOT NULL)::int),
+        sum(r.sign * (r.duration_ms IS NOT NULL)::int), COALESCE(sum(r.sign * r.duration_ms), 0),
+        sum(r.sign * (r.ttfe_ms IS NOT NULL)::int), COALESCE(sum(r.sign * r.ttfe_ms), 0),
+        sum(r.sign * ({_RATED})::int),
+        COALESCE(sum(r.sign * r.output_tokens) FILTER (WHERE {_RATED}), 0),
+        COALESCE(sum(r.sign * r.duration_ms) FILTER (WHERE {_RATED}), 0),
+        min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
+    FROM ({source}) r CROSS JOIN {_GRAINS} GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}
+    ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}"""
+    sketches = f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
+    SELECT k.rid, v.metric, v.bucket, v.n FROM (
+        SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket, sum(r.sign) AS n
+        FROM ({source}) r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
+            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
+            AS m (metric, bucket)
+        WHERE m.bucket IS NOT NULL
+        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
+    ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
+        AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})
+    ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = {SKETCH_TABLE}.n + excluded.n"""
+    return rollup, sketches
+
+
+_ADDED = "SELECT 1 AS sign, n.* FROM new_rows n WHERE n.completed = 1"
+_TAKEN = "SELECT -1 AS sign, o.* FROM old_rows o WHERE o.completed = 1"
+# One trigger per statement kind (a trigger with transition tables takes one event), each
+# counting the statement's rows grouped: a shipped batch of 2,000 requests is a few grouped
+# upserts, not 2,000 row triggers of a dozen upserts each.
+_STATEMENTS = {
+    "INSERT": ("REFERENCING NEW TABLE AS new_rows", _ADDED),
+    "UPDATE": ("REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows", f"{_ADDED} UNION ALL {_TAKEN}"),
+    "DELETE": ("REFERENCING OLD TABLE AS old_rows", _TAKEN),
+}
+
+
+def _function(event: str) -> str:
+    rollup, sketches = _counted(_STATEMENTS[event][1])
+    return (
+        f"CREATE FUNCTION smg_rollup_{event.lower()}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"BEGIN\n{rollup};\n{sketches};\nRETURN NULL;\nEND $$"
+    )
+
+
+_DDL = (*_TABLES, *(_function(event) for event in _STATEMENTS))
+_TRIGGERS = tuple(
+    f"CREATE TRIGGER requests_rollup_{event.lower()} AFTER {event} ON requests {referencing}"
+    f" FOR EACH STATEMENT EXECUTE FUNCTION smg_rollup_{event.lower()}()"
+    for event, (referencing, _) in _STATEMENTS.items()
+)
+
 def migrate(conn: psycopg.Connection[Any]) -> None:
     """Schema v3: `cost_usd`, the rollup tables, their trigger, and the completed requests
     already shipped counted once."""
@@ -153,4 +185,5 @@ def migrate(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)  # built from constants
     for statement in _BACKFILL:
         conn.execute(statement)
-    conn.execute(_TRIGGER)
+    for trigger in _TRIGGERS:
+        conn.execute(trigger)
