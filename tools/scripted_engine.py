@@ -112,7 +112,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 import grpc
 import grpc.aio
@@ -134,6 +134,9 @@ from smg_grpc_proto.generated import (
     vllm_engine_pb2_grpc,
 )
 
+from smg.backends.grpc.engines.playback import DEFAULT_TEXT
+from smg.backends.grpc.engines.playback import Script as PlaybackScript
+
 RUNTIMES = ("sglang", "vllm", "trtllm", "tokenspeed", "mlx")
 ROLES = ("regular", "prefill", "decode", "encode")
 NO_ROOM = "Disaggregated request received without bootstrap room id"
@@ -141,7 +144,6 @@ NO_ROOM = "Disaggregated request received without bootstrap room id"
 _RENDEZVOUS_FIELD = {"sglang": "disaggregated_params", "tokenspeed": "kv_bootstrap_info"}
 CONTROL_SERVICE = "tools.ScriptedEngine"
 READY_LINE = "scripted engine ready"
-DEFAULT_TEXT = "Hello! I am the scripted engine, answering over gRPC."
 BUNDLE_CHUNK_BYTES = 64 * 1024
 # The files smg_grpc_servicer/tokenizer_bundle.py puts in the bundle, flat at the zip's root.
 TOKENIZER_FILES = (
@@ -177,108 +179,21 @@ class ScriptError(ValueError):
 
 # --- scripts -------------------------------------------------------------------------------------
 
-_SCRIPT_KEYS = frozenset(
-    (
-        "text",
-        "token_ids",
-        "eos",
-        "chunk_size",
-        "finish_reason",
-        "matched_stop",
-        "prompt_tokens",
-        "cached_tokens",
-        "delay_ms",
-        "hold_after",
-        "error",
-        "exit_after",
-        "when_prompt_contains",
-        "repeat",
-    )
-)
-
 
 @dataclass(frozen=True)
-class ScriptedFailure:
-    """The gRPC status a script ends its RPC with, once `after_tokens` tokens were sent."""
+class Script(PlaybackScript):
+    """A script in the one format (`smg.backends.grpc.engines.playback.Script`, whose parser
+    checks it), plus this engine's own `delay_ms` between chunks, kept in seconds."""
 
-    code: grpc.StatusCode
-    message: str
-    after_tokens: int
-
-
-@dataclass(frozen=True)
-class Script:
-    """One validated script."""
-
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    eos: bool = True
-    chunk_size: int = 1
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int = 0
     delay: float = 0.0
-    hold_after: int | None = None
-    error: ScriptedFailure | None = None
-    exit_after: int | None = None
-    when_prompt_contains: str | None = None
-    repeat: bool = False
-
-    def matches(self, prompt: Callable[[], str]) -> bool:
-        """Whether this script answers a prompt; `prompt` decodes it (only when asked)."""
-        return self.when_prompt_contains is None or self.when_prompt_contains in prompt()
 
     @classmethod
-    def parse(cls, raw: Any) -> Script:
-        if not isinstance(raw, dict):
-            raise ScriptError("a script must be a JSON object")
-        unknown = set(raw) - _SCRIPT_KEYS
-        if unknown:
-            raise ScriptError(f"unknown script keys: {', '.join(sorted(unknown))}")
-        text = raw.get("text")
-        if text is not None and not isinstance(text, str):
-            raise ScriptError("text must be a string")
-        token_ids = raw.get("token_ids")
-        if token_ids is not None:
-            if not isinstance(token_ids, list) or not all(_is_count(t) for t in token_ids):
-                raise ScriptError("token_ids must be a list of non-negative integers")
-            if text is not None:
-                raise ScriptError("give text or token_ids, not both")
-        eos = raw.get("eos", True)
-        if not isinstance(eos, bool):
-            raise ScriptError("eos must be a boolean")
-        finish_reason = raw.get("finish_reason")
-        if finish_reason is not None and not isinstance(finish_reason, str):
-            raise ScriptError("finish_reason must be a string")
-        matched = raw.get("matched_stop")
-        if matched is not None and not (isinstance(matched, str) or _is_count(matched)):
-            raise ScriptError("matched_stop must be a token id or a string")
+    def parse(cls, raw: Any, *, extra_keys: frozenset[str] = frozenset()) -> Self:
+        script = super().parse(raw, extra_keys=extra_keys | {"delay_ms"})
         delay = raw.get("delay_ms", 0)
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise ScriptError("delay_ms must be a non-negative number")
-        when = raw.get("when_prompt_contains")
-        if when is not None and (not isinstance(when, str) or not when):
-            raise ScriptError("when_prompt_contains must be a non-empty string")
-        repeat = raw.get("repeat", False)
-        if not isinstance(repeat, bool):
-            raise ScriptError("repeat must be a boolean")
-        return cls(
-            text=text,
-            token_ids=tuple(token_ids) if token_ids is not None else None,
-            eos=eos,
-            chunk_size=_count(raw, "chunk_size", 1, minimum=1),
-            finish_reason=finish_reason,
-            matched_stop=matched,
-            prompt_tokens=_optional_count(raw, "prompt_tokens"),
-            cached_tokens=_count(raw, "cached_tokens", 0),
-            delay=float(delay) / 1000.0,
-            hold_after=_optional_count(raw, "hold_after"),
-            error=_failure(raw.get("error")),
-            exit_after=_optional_count(raw, "exit_after"),
-            when_prompt_contains=when,
-            repeat=repeat,
-        )
+        return replace(script, delay=float(delay) / 1000.0)
 
 
 def exit_now(why: str) -> NoReturn:
@@ -286,39 +201,6 @@ def exit_now(why: str) -> NoReturn:
     connections cut mid-stream."""
     print(f"scripted engine exits: {why}", flush=True)
     os._exit(3)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _count(raw: dict[str, Any], key: str, default: int, *, minimum: int = 0) -> int:
-    value = raw.get(key, default)
-    if not _is_count(value) or value < minimum:
-        raise ScriptError(f"{key} must be an integer of at least {minimum}")
-    return int(value)
-
-
-def _optional_count(raw: dict[str, Any], key: str) -> int | None:
-    return _count(raw, key, 0) if raw.get(key) is not None else None
-
-
-def _failure(raw: Any) -> ScriptedFailure | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ScriptError("error must be an object")
-    name = raw.get("code", "INTERNAL")
-    try:
-        code = grpc.StatusCode[str(name).upper()]
-    except KeyError:
-        raise ScriptError(f"error.code {name!r} is not a gRPC status name") from None
-    if code is grpc.StatusCode.OK:
-        raise ScriptError("error.code cannot be OK")
-    message = raw.get("message", "scripted failure")
-    if not isinstance(message, str):
-        raise ScriptError("error.message must be a string")
-    return ScriptedFailure(code, message, _count(raw, "after_tokens", 0))
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -1216,7 +1098,7 @@ class Engine:
             if script.exit_after is not None and sent >= script.exit_after:
                 exit_now(f"the script exits after {sent} tokens")
             if script.error is not None and sent >= script.error.after_tokens:
-                await context.abort(script.error.code, script.error.message)
+                await context.abort(grpc.StatusCode[script.error.code], script.error.message)
             if index and script.delay:
                 await self._pause(stream, None, script.delay, context)
             if stream.aborted.is_set():
@@ -1244,7 +1126,7 @@ class Engine:
         if script.exit_after is not None:
             exit_now(f"the script exits after {sent} tokens")
         if script.error is not None:
-            await context.abort(script.error.code, script.error.message)
+            await context.abort(grpc.StatusCode[script.error.code], script.error.message)
         if stream.aborted.is_set():
             async for response in self._aborted(asked, plan, sent, visible_sent, chunks_sent):
                 yield response

@@ -5,7 +5,8 @@ It is handed to `EngineConnector` through its `clients=` seam (a `Playbook`), as
 tokenizer, the prompt, the generation session, the attempt loop and its error mapping, the
 router, the app — runs as it does live. Each `generate` plays the next queued answer:
 
-- a `Script` (the scripted gRPC engine's format, `tools/scripted_engine.py`: `text` or
+- a `Script` (the one script format, parsed here; the scripted gRPC and ZMQ engines of
+  `tools/` read it with this parser and add their `delay_ms`: `text` or
   `token_ids`, `eos`, `chunk_size`, `finish_reason`, `matched_stop`, `prompt_tokens`,
   `cached_tokens`, `hold_after`, `error`, `exit_after`, `when_prompt_contains`, `repeat`),
   played with one engine's neutral semantics: chunks of new ids with running totals, a stop at
@@ -28,7 +29,9 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
+
+import grpc
 
 from journal.events import Event, Tokens
 from smg.backends.base import Target, WorkerUnreachable
@@ -45,7 +48,7 @@ from smg.backends.grpc.types import (
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 
 DEFAULT_TEXT = "Hello! I am the scripted engine, answering over gRPC."
-_SCRIPT_KEYS = frozenset(
+SCRIPT_KEYS = frozenset(
     (
         "text",
         "token_ids",
@@ -62,11 +65,13 @@ _SCRIPT_KEYS = frozenset(
         "repeat",
     )
 )
+"""The keys of the script format; the scripted engines add theirs (`delay_ms`)."""
 
 
 @dataclass(frozen=True)
 class ScriptedFailure:
-    """The status a script ends its stream with, once `after_tokens` tokens were generated."""
+    """The status a script ends its stream with, once `after_tokens` tokens were generated.
+    `code` is a gRPC status name other than OK (e.g. `INVALID_ARGUMENT`)."""
 
     code: str
     message: str
@@ -92,43 +97,88 @@ class Script:
     repeat: bool = False
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> Script:
-        """A script in the scripted engine's JSON form. Raises `ValueError`."""
-        unknown = set(raw) - _SCRIPT_KEYS
+    def parse(cls, raw: Any, *, extra_keys: frozenset[str] = frozenset()) -> Self:
+        """A script in its JSON form. Raises `ValueError` saying what is wrong. `extra_keys` are
+        left to the caller (a scripted engine's own keys), neither refused nor read."""
+        if not isinstance(raw, Mapping):
+            raise ValueError("a script must be a JSON object")
+        unknown = set(raw) - SCRIPT_KEYS - extra_keys
         if unknown:
             raise ValueError(f"unknown script keys: {', '.join(sorted(unknown))}")
-        if "text" in raw and "token_ids" in raw:
-            raise ValueError("give text or token_ids, not both")
-        error = raw.get("error")
-        failure = None
-        if error is not None:
-            failure = ScriptedFailure(
-                str(error.get("code", "INTERNAL")).upper(),
-                str(error.get("message", "scripted failure")),
-                int(error.get("after_tokens", 0)),
-            )
+        text = raw.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ValueError("text must be a string")
         token_ids = raw.get("token_ids")
-        chunk_size = int(raw.get("chunk_size", 1))
-        if chunk_size < 1:
-            raise ValueError("chunk_size must be at least 1")
+        if token_ids is not None:
+            if not isinstance(token_ids, list) or not all(_is_count(t) for t in token_ids):
+                raise ValueError("token_ids must be a list of non-negative integers")
+            if text is not None:
+                raise ValueError("give text or token_ids, not both")
+        eos = raw.get("eos", True)
+        if not isinstance(eos, bool):
+            raise ValueError("eos must be a boolean")
+        finish_reason = raw.get("finish_reason")
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            raise ValueError("finish_reason must be a string")
+        matched = raw.get("matched_stop")
+        if matched is not None and not (isinstance(matched, str) or _is_count(matched)):
+            raise ValueError("matched_stop must be a token id or a string")
+        when = raw.get("when_prompt_contains")
+        if when is not None and (not isinstance(when, str) or not when):
+            raise ValueError("when_prompt_contains must be a non-empty string")
+        repeat = raw.get("repeat", False)
+        if not isinstance(repeat, bool):
+            raise ValueError("repeat must be a boolean")
         return cls(
-            text=raw.get("text"),
-            token_ids=tuple(int(t) for t in token_ids) if token_ids is not None else None,
-            eos=bool(raw.get("eos", True)),
-            chunk_size=chunk_size,
-            finish_reason=raw.get("finish_reason"),
-            matched_stop=raw.get("matched_stop"),
-            prompt_tokens=raw.get("prompt_tokens"),
-            cached_tokens=int(raw.get("cached_tokens", 0)),
-            hold_after=raw.get("hold_after"),
-            error=failure,
-            exit_after=raw.get("exit_after"),
-            when_prompt_contains=raw.get("when_prompt_contains"),
-            repeat=bool(raw.get("repeat", False)),
+            text=text,
+            token_ids=tuple(token_ids) if token_ids is not None else None,
+            eos=eos,
+            chunk_size=_count(raw, "chunk_size", 1, minimum=1),
+            finish_reason=finish_reason,
+            matched_stop=matched,
+            prompt_tokens=_optional_count(raw, "prompt_tokens"),
+            cached_tokens=_count(raw, "cached_tokens", 0),
+            hold_after=_optional_count(raw, "hold_after"),
+            error=_failure(raw.get("error")),
+            exit_after=_optional_count(raw, "exit_after"),
+            when_prompt_contains=when,
+            repeat=repeat,
         )
 
     def matches(self, prompt: Callable[[], str]) -> bool:
         return self.when_prompt_contains is None or self.when_prompt_contains in prompt()
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0) -> int:
+    value = raw.get(key, default)
+    if not _is_count(value) or value < minimum:
+        raise ValueError(f"{key} must be an integer of at least {minimum}")
+    return int(value)
+
+
+def _optional_count(raw: Mapping[str, Any], key: str) -> int | None:
+    return _count(raw, key, 0) if raw.get(key) is not None else None
+
+
+def _failure(raw: Any) -> ScriptedFailure | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValueError("error must be an object")
+    name = raw.get("code", "INTERNAL")
+    code = str(name).upper()
+    if code not in grpc.StatusCode.__members__:
+        raise ValueError(f"error.code {name!r} is not a gRPC status name")
+    if code == "OK":
+        raise ValueError("error.code cannot be OK")
+    message = raw.get("message", "scripted failure")
+    if not isinstance(message, str):
+        raise ValueError("error.message must be a string")
+    return ScriptedFailure(code, message, _count(raw, "after_tokens", 0))
 
 
 @dataclass(frozen=True)
