@@ -20,7 +20,8 @@ streams in flight: each `Generate` not yet finished (held ones included) is a ru
 and its prompt plus the tokens sent so far are used KV tokens, out of a fixed 65,536-token cache;
 nothing ever waits and the throughput is not measured (0).
 
-A Script is a JSON object (all keys optional):
+A Script is a JSON object (all keys optional) in the one script format, which the playback
+engine's parser checks (`smg.backends.grpc.engines.playback.Script`; this engine adds `delay_ms`):
 `text` (encoded with the model's tokenizer, no special tokens) or `token_ids`; `eos` (default
 true: the first EOS id follows the text, so the engine stops on it); `chunk_size` (tokens per
 chunk, default 1); `finish_reason` and `matched_stop` (int or str) override what the engine
@@ -570,6 +571,22 @@ def pinned_rank(request: Any) -> int | None:
     return int(request.data_parallel_rank)
 
 
+def _model_fields(model: Model) -> dict[str, Any]:
+    """What the SGLang, vLLM, TokenSpeed and MLX `GetModelInfoResponse`s say alike."""
+    return {
+        "model_path": model.reported_path,
+        "served_model_name": model.served_name,
+        "max_context_length": model.max_context_length,
+        "max_req_input_len": model.max_context_length,
+        "vocab_size": model.vocab_size,
+        "model_type": model.model_type,
+        "architectures": model.architectures,
+        "eos_token_ids": model.eos_token_ids,
+        "pad_token_id": model.pad_token_id,
+        "bos_token_id": model.bos_token_id,
+    }
+
+
 def _struct(values: dict[str, Any]) -> Struct:
     struct = Struct()
     struct.update(values)
@@ -596,18 +613,9 @@ class SglangWire(Wire):
 
     def model_info(self, model: Model) -> Any:
         return self.pb.GetModelInfoResponse(
-            model_path=model.reported_path,
+            **_model_fields(model),
             tokenizer_path=model.reported_path,
             is_generation=True,
-            served_model_name=model.served_name,
-            max_context_length=model.max_context_length,
-            vocab_size=model.vocab_size,
-            model_type=model.model_type,
-            architectures=model.architectures,
-            eos_token_ids=model.eos_token_ids,
-            pad_token_id=model.pad_token_id,
-            bos_token_id=model.bos_token_id,
-            max_req_input_len=model.max_context_length,
             default_sampling_params_json=model.default_sampling_json,
         )
 
@@ -657,18 +665,9 @@ class VllmWire(Wire):
 
     def model_info(self, model: Model) -> Any:
         return self.pb.GetModelInfoResponse(
-            model_path=model.reported_path,
-            is_generation=True,
-            max_context_length=model.max_context_length,
-            vocab_size=model.vocab_size,
-            served_model_name=model.served_name,
+            **_model_fields(model),
             tokenizer_path=model.reported_path,
-            model_type=model.model_type,
-            architectures=model.architectures,
-            eos_token_ids=model.eos_token_ids,
-            pad_token_id=model.pad_token_id,
-            bos_token_id=model.bos_token_id,
-            max_req_input_len=model.max_context_length,
+            is_generation=True,
             default_sampling_params_json=model.default_sampling_json,
         )
 
@@ -747,33 +746,12 @@ class TokenSpeedWire(Wire):
     pb = tokenspeed_scheduler_pb2
     servicer_base = tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerServicer
     add_to_server = staticmethod(tokenspeed_scheduler_pb2_grpc.add_TokenSpeedSchedulerServicer_to_server)
-
-    def asked(self, request: Any) -> Asked:
-        params = request.sampling_params
-        return Asked(
-            request_id=request.request_id,
-            input_ids=list(request.tokenized.input_ids),
-            stream=request.stream,
-            max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
-            stop=list(params.stop),
-            stop_token_ids=list(params.stop_token_ids),
-            ignore_eos=params.ignore_eos,
-            keep_stop_token=params.no_stop_trim,
-        )
+    asked = SglangWire.asked  # its sampling params name the fields as SGLang's do
 
     def model_info(self, model: Model) -> Any:
         return self.pb.GetModelInfoResponse(
-            model_path=model.reported_path,
+            **_model_fields(model),
             tokenizer_path=model.reported_path,
-            served_model_name=model.served_name,
-            model_type=model.model_type,
-            architectures=model.architectures,
-            max_context_length=model.max_context_length,
-            max_req_input_len=model.max_context_length,
-            vocab_size=model.vocab_size,
-            eos_token_ids=model.eos_token_ids,
-            pad_token_id=model.pad_token_id,
-            bos_token_id=model.bos_token_id,
             default_sampling_params_json=model.default_sampling_json,
             model_dtype="bfloat16",
         )
@@ -836,19 +814,7 @@ class MlxWire(Wire):
         return self.pb.HealthCheckResponse(healthy=healthy, message="OK" if healthy else "set unhealthy by a test")
 
     def model_info(self, model: Model) -> Any:
-        return self.pb.GetModelInfoResponse(
-            model_path=model.reported_path,
-            is_generation=True,
-            max_context_length=model.max_context_length,
-            vocab_size=model.vocab_size,
-            served_model_name=model.served_name,
-            model_type=model.model_type,
-            architectures=model.architectures,
-            eos_token_ids=model.eos_token_ids,
-            pad_token_id=model.pad_token_id,
-            bos_token_id=model.bos_token_id,
-            max_req_input_len=model.max_context_length,
-        )
+        return self.pb.GetModelInfoResponse(**_model_fields(model), is_generation=True)
 
     def server_info(self, model: Model, active: int, uptime: float) -> Any:
         return self.pb.GetServerInfoResponse(server_type="mlx-grpc", active_requests=active, uptime_seconds=uptime)
