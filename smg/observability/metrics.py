@@ -218,12 +218,7 @@ class StateCollector(Collector):
             ),
             "batches_failed": ("smg_journal_batches_failed", "Batches whose commit failed"),
         }
-        for key, (name, doc) in gauges.items():
-            if key in stats:
-                yield GaugeMetricFamily(name, doc, value=stats[key])
-        for key, (name, doc) in counters.items():
-            if key in stats:
-                yield CounterMetricFamily(name, doc, value=stats[key])
+        yield from _families(stats, gauges, counters)
         if "commit_us_total" in stats:
             yield CounterMetricFamily(
                 "smg_journal_commit_seconds",
@@ -268,12 +263,20 @@ class StateCollector(Collector):
             ),
             "refused": ("smg_journal_sink_refused", "Requests the fleet journal refused alone, left unshipped"),
         }
-        for key, (name, doc) in gauges.items():
-            if key in stats:
-                yield GaugeMetricFamily(name, doc, value=stats[key])
-        for key, (name, doc) in counters.items():
-            if key in stats:
-                yield CounterMetricFamily(name, doc, value=stats[key])
+        yield from _families(stats, gauges, counters)
+
+
+def _families(
+    stats: Mapping[str, float], gauges: Mapping[str, tuple[str, str]], counters: Mapping[str, tuple[str, str]]
+) -> Iterator[Metric]:
+    """A gauge or a counter per key of `stats` named in `gauges` or `counters` (name, help); a key
+    the stats lack yields nothing, so a writer or shipper without that counter shows no series."""
+    for key, (name, doc) in gauges.items():
+        if key in stats:
+            yield GaugeMetricFamily(name, doc, value=stats[key])
+    for key, (name, doc) in counters.items():
+        if key in stats:
+            yield CounterMetricFamily(name, doc, value=stats[key])
 
 
 current: Metrics | None = None
