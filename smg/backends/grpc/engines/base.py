@@ -112,6 +112,25 @@ def sampling_defaults(default_json: str, preferred_json: str = "") -> dict[str, 
     return {key: preferred[key] for key in SAMPLING_DEFAULT_KEYS if preferred.get(key) is not None}
 
 
+def common_sampling(call: GenerateCall) -> dict[str, Any]:
+    """The `SamplingParams` fields SGLang, vLLM and TokenSpeed name and default alike: the call's
+    values, else the neutral ones (penalties off, one sequence, special tokens skipped, EOS kept
+    as a stop). `top_k` is left out: its neutral value differs (-1, or vLLM's 0)."""
+    return {
+        "temperature": call.temperature if call.temperature is not None else 1.0,
+        "top_p": call.top_p if call.top_p is not None else 1.0,
+        "min_p": call.min_p or 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": call.repetition_penalty if call.repetition_penalty is not None else 1.0,
+        "stop_token_ids": call.stop_token_ids,
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
+        "ignore_eos": False,
+        "n": 1,
+    }
+
+
 def model_info(
     *,
     model_path: str = "",
@@ -239,6 +258,8 @@ class GrpcEngineClient(ABC):
     delta_counts: bool = False
     # Whether the protocol has `GetLoads` (SGLang, vLLM, TokenSpeed; not TRT-LLM or MLX).
     has_loads: bool = False
+    # The `complete` message's field of generated ids (TRT-LLM's is `output_token_ids`).
+    output_ids_field: str = "output_ids"
 
     def __init__(
         self, target: str, *, timeout: float = 10.0, bundle_timeout: float = 120.0, merge_waiting: bool = True
@@ -293,7 +314,7 @@ class GrpcEngineClient(ABC):
         """The engine's `GenerateRequest` for `call` (public so tests can read the mapping)."""
 
     def _read(self, response: Any) -> RawChunk | RawComplete | None:
-        """A `GenerateResponse` as SGLang, vLLM and TokenSpeed spell it (the others override)."""
+        """A `GenerateResponse` as SGLang, vLLM, TokenSpeed and TRT-LLM spell it (MLX overrides)."""
         which = response.WhichOneof("response")
         if which == "chunk":
             c = response.chunk
@@ -302,7 +323,7 @@ class GrpcEngineClient(ABC):
             c = response.complete
             token_id, stop_str = matched_stop(c)
             return RawComplete(
-                output_ids=list(c.output_ids),
+                output_ids=list(getattr(c, self.output_ids_field)),
                 finish_reason=c.finish_reason,
                 prompt_tokens=c.prompt_tokens,
                 completion_tokens=c.completion_tokens,

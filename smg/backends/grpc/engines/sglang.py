@@ -21,9 +21,7 @@ import grpc.aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-from smg.backends.grpc.engines.base import (
-    GrpcEngineClient,
-)
+from smg.backends.grpc.engines.base import GrpcEngineClient, common_sampling
 from smg.backends.grpc.types import GenerateCall
 from smg.pipeline.vision import VisionItem
 from smg.pipeline.vision.batch import batch
@@ -52,19 +50,7 @@ class SglangClient(GrpcEngineClient):
 
     def generate_request(self, call: GenerateCall) -> Any:
         params = pb.SamplingParams(
-            temperature=call.temperature if call.temperature is not None else 1.0,
-            top_p=call.top_p if call.top_p is not None else 1.0,
-            top_k=call.top_k if call.top_k is not None else -1,
-            min_p=call.min_p or 0.0,
-            frequency_penalty=0.0,
-            presence_penalty=0.0,
-            repetition_penalty=call.repetition_penalty if call.repetition_penalty is not None else 1.0,
-            stop_token_ids=call.stop_token_ids,
-            skip_special_tokens=True,
-            spaces_between_special_tokens=True,
-            ignore_eos=False,
-            no_stop_trim=False,
-            n=1,
+            **common_sampling(call), top_k=call.top_k if call.top_k is not None else -1, no_stop_trim=False
         )
         if call.max_tokens is not None:
             params.max_new_tokens = call.max_tokens

@@ -24,7 +24,7 @@ from smg_grpc_proto.generated import tokenspeed_encoder_pb2_grpc as encoder_grpc
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as pb_grpc
 
-from smg.backends.grpc.engines.base import GrpcEngineClient, engine_error
+from smg.backends.grpc.engines.base import GrpcEngineClient, common_sampling, engine_error
 from smg.backends.grpc.types import EngineError, GenerateCall
 from smg.pipeline.vision import Tensor, VisionItem
 
@@ -52,20 +52,10 @@ class TokenSpeedClient(GrpcEngineClient):
 
     def generate_request(self, call: GenerateCall) -> Any:
         params = pb.SamplingParams(
-            temperature=call.temperature if call.temperature is not None else 1.0,
-            top_p=call.top_p if call.top_p is not None else 1.0,
+            **common_sampling(call),
             top_k=call.top_k if call.top_k is not None else -1,
-            min_p=call.min_p or 0.0,
-            frequency_penalty=0.0,
-            presence_penalty=0.0,
-            repetition_penalty=call.repetition_penalty if call.repetition_penalty is not None else 1.0,
             stop=call.stop,
-            stop_token_ids=call.stop_token_ids,
-            ignore_eos=False,
-            skip_special_tokens=True,
-            spaces_between_special_tokens=True,
             no_stop_trim=False,
-            n=1,
         )
         if call.max_tokens is not None:
             params.max_new_tokens = call.max_tokens

@@ -17,7 +17,7 @@ import grpc.aio
 from smg_grpc_proto.generated import trtllm_service_pb2 as pb
 from smg_grpc_proto.generated import trtllm_service_pb2_grpc as pb_grpc
 
-from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete, matched_stop, model_info
+from smg.backends.grpc.engines.base import GrpcEngineClient, model_info
 from smg.backends.grpc.types import EngineInfo, GenerateCall
 
 # The Rust gateway's value when a request names no limit; the field is required.
@@ -37,6 +37,7 @@ class TrtllmClient(GrpcEngineClient):
     runtime = "trtllm"
     pb = pb
     delta_counts = False
+    output_ids_field = "output_token_ids"
 
     def _make_stub(self, channel: grpc.aio.Channel) -> Any:
         return pb_grpc.TrtllmServiceStub(channel)
@@ -82,22 +83,3 @@ class TrtllmClient(GrpcEngineClient):
             kind, value = call.constraint
             request.guided_decoding.CopyFrom(pb.GuidedDecodingParams(guide_type=_GUIDE_TYPES[kind], guide=value))
         return request
-
-    def _read(self, response: Any) -> RawChunk | RawComplete | None:
-        which = response.WhichOneof("response")
-        if which == "chunk":
-            c = response.chunk
-            return RawChunk(list(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens)
-        if which == "complete":
-            c = response.complete
-            token_id, stop_str = matched_stop(c)
-            return RawComplete(
-                output_ids=list(c.output_token_ids),
-                finish_reason=c.finish_reason,
-                prompt_tokens=c.prompt_tokens,
-                completion_tokens=c.completion_tokens,
-                cached_tokens=c.cached_tokens,
-                matched_token_id=token_id,
-                matched_stop_str=stop_str,
-            )
-        return None

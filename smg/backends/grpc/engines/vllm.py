@@ -22,7 +22,7 @@ import grpc.aio
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete
+from smg.backends.grpc.engines.base import GrpcEngineClient, RawChunk, RawComplete, common_sampling
 from smg.backends.grpc.types import GenerateCall
 from smg.pipeline.vision import VisionItem
 from smg.pipeline.vision.batch import batch
@@ -51,19 +51,7 @@ class VllmClient(GrpcEngineClient):
 
     def generate_request(self, call: GenerateCall) -> Any:
         params = pb.SamplingParams(
-            temperature=call.temperature if call.temperature is not None else 1.0,
-            top_p=call.top_p if call.top_p is not None else 1.0,
-            top_k=max(call.top_k, 0) if call.top_k is not None else 0,
-            min_p=call.min_p or 0.0,
-            frequency_penalty=0.0,
-            presence_penalty=0.0,
-            repetition_penalty=call.repetition_penalty if call.repetition_penalty is not None else 1.0,
-            stop=call.stop,
-            stop_token_ids=call.stop_token_ids,
-            skip_special_tokens=True,
-            spaces_between_special_tokens=True,
-            ignore_eos=False,
-            n=1,
+            **common_sampling(call), top_k=max(call.top_k, 0) if call.top_k is not None else 0, stop=call.stop
         )
         if call.max_tokens is not None:
             params.max_tokens = call.max_tokens
