@@ -95,10 +95,8 @@ class Family:
 # tool-call arguments given as a dict or as a JSON string.
 # --------------------------------------------------------------------------------------------------------------
 
-# Qwen3 (Qwen/Qwen3-8B): ChatML; tools in the system turn; <tool_call> JSON; tool results as user turns with
-# <tool_response>; reasoning only on assistant turns after the last real user query; enable_thinking=false
-# pre-fills an empty think block. Images as Qwen-VL's <|vision_start|><|image_pad|><|vision_end|>.
-QWEN3_TEMPLATE = r"""{%- macro render_content(content) -%}
+
+_RENDER_CONTENT = r"""{%- macro render_content(content) -%}
     {%- if content is none -%}
     {%- elif content is string -%}
         {{- content -}}
@@ -109,14 +107,30 @@ QWEN3_TEMPLATE = r"""{%- macro render_content(content) -%}
             {%- elif part.type == 'text' -%}
                 {{- part.text -}}
             {%- elif part.type in ['image', 'image_url'] -%}
-                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
-            {%- elif part.type in ['video', 'video_url'] -%}
-                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
-            {%- endif -%}
+                {{- 'IMAGE' -}}
+VIDEO            {%- endif -%}
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
-{%- if tools %}
+"""
+_VIDEO_PART = r"""            {%- elif part.type in ['video', 'video_url'] -%}
+                {{- 'VIDEO' -}}
+"""
+
+
+def _render_content(image: str, video: str | None = None) -> str:
+    """The `render_content` macro every template opens with: a message's content as text, each
+    image part (and video part, for a model that takes them) as the model's placeholder."""
+    videos = _VIDEO_PART.replace("VIDEO", video) if video is not None else ""
+    return _RENDER_CONTENT.replace("IMAGE", image).replace("VIDEO", videos)
+
+
+# Qwen3 (Qwen/Qwen3-8B): ChatML; tools in the system turn; <tool_call> JSON; tool results as user turns with
+# <tool_response>; reasoning only on assistant turns after the last real user query; enable_thinking=false
+# pre-fills an empty think block. Images as Qwen-VL's <|vision_start|><|image_pad|><|vision_end|>.
+QWEN3_TEMPLATE = (
+    _render_content("<|vision_start|><|image_pad|><|vision_end|>", video="<|vision_start|><|video_pad|><|vision_end|>")
+    + r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0].role == 'system' %}
         {{- render_content(messages[0].content) + '\n\n' }}
@@ -202,6 +216,7 @@ QWEN3_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- endif %}
 {%- endif %}
 """
+)
 
 
 # Llama 3.1 (meta-llama/Llama-3.1-8B-Instruct): header-delimited turns; a fixed "Today Date" (the real template's
@@ -209,23 +224,9 @@ QWEN3_TEMPLATE = r"""{%- macro render_content(content) -%}
 # tools_in_user_message=false; a custom tool call is {"name": ..., "parameters": ...} in an assistant turn, several
 # joined with "; " (the real template allows one); builtin_tools switch to <|python_tag|> calls ending in <|eom_id|>;
 # tool results in an "ipython" turn. Images as a literal <image>.
-LLAMA3_TEMPLATE = r"""{%- macro render_content(content) -%}
-    {%- if content is none -%}
-    {%- elif content is string -%}
-        {{- content -}}
-    {%- else -%}
-        {%- for part in content -%}
-            {%- if part is string -%}
-                {{- part -}}
-            {%- elif part.type == 'text' -%}
-                {{- part.text -}}
-            {%- elif part.type in ['image', 'image_url'] -%}
-                {{- '<image>' -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
-{{- bos_token }}
+LLAMA3_TEMPLATE = (
+    _render_content("<image>")
+    + r"""{{- bos_token }}
 {%- if custom_tools is defined %}
     {%- set tools = custom_tools %}
 {%- endif %}
@@ -348,6 +349,7 @@ LLAMA3_TEMPLATE = r"""{%- macro render_content(content) -%}
     {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
 {%- endif %}
 """
+)
 
 # DeepSeek V3.1 (deepseek-ai/DeepSeek-V3.1): bos, then the system prompt as bare text (tools described after it);
 # <｜User｜>/<｜Assistant｜> turns; the `thinking` kwarg opens <think> after <｜Assistant｜> in the generation
@@ -358,23 +360,9 @@ LLAMA3_TEMPLATE = r"""{%- macro render_content(content) -%}
 # (<｜tool▁outputs▁begin｜>/<｜tool▁outputs▁end｜> are in the vocabulary, as in V3.1, but V3.1's template no longer
 # emits them.)
 # Mid-conversation system messages are rendered in place as bare text. Images as a literal <image>.
-DEEPSEEK_TEMPLATE = r"""{%- macro render_content(content) -%}
-    {%- if content is none -%}
-    {%- elif content is string -%}
-        {{- content -}}
-    {%- else -%}
-        {%- for part in content -%}
-            {%- if part is string -%}
-                {{- part -}}
-            {%- elif part.type == 'text' -%}
-                {{- part.text -}}
-            {%- elif part.type in ['image', 'image_url'] -%}
-                {{- '<image>' -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
-{%- if not add_generation_prompt is defined -%}
+DEEPSEEK_TEMPLATE = (
+    _render_content("<image>")
+    + r"""{%- if not add_generation_prompt is defined -%}
     {%- set add_generation_prompt = false -%}
 {%- endif -%}
 {%- if not thinking is defined -%}
@@ -470,6 +458,7 @@ DEEPSEEK_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- endif -%}
 {%- endif -%}
 """
+)
 
 # Mistral (Mistral-Small-3.x, v7 control tokens): bos; [SYSTEM_PROMPT]...[/SYSTEM_PROMPT] wherever a system message
 # is (first or mid-conversation); [AVAILABLE_TOOLS][...tools JSON...][/AVAILABLE_TOOLS] right before the last user
@@ -478,23 +467,9 @@ DEEPSEEK_TEMPLATE = r"""{%- macro render_content(content) -%}
 # [TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS]. The ids are kept whole (the real template wants
 # 9 characters). The real template adds a dated default system prompt; this one adds none. No generation prompt:
 # the model answers right after [/INST] or [/TOOL_RESULTS].
-MISTRAL_TEMPLATE = r"""{%- macro render_content(content) -%}
-    {%- if content is none -%}
-    {%- elif content is string -%}
-        {{- content -}}
-    {%- else -%}
-        {%- for part in content -%}
-            {%- if part is string -%}
-                {{- part -}}
-            {%- elif part.type == 'text' -%}
-                {{- part.text -}}
-            {%- elif part.type in ['image', 'image_url'] -%}
-                {{- '[IMG]' -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
-{{- bos_token }}
+MISTRAL_TEMPLATE = (
+    _render_content("[IMG]")
+    + r"""{{- bos_token }}
 {%- set ns = namespace(last_user=-1) %}
 {%- for message in messages %}
     {%- if message.role == 'user' %}
@@ -547,6 +522,7 @@ MISTRAL_TEMPLATE = r"""{%- macro render_content(content) -%}
     {%- endif %}
 {%- endfor %}
 """
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
