@@ -30,7 +30,6 @@ import asyncio
 import math
 import os
 import platform
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -54,7 +53,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tools.bench import reference
-from tools.bench.common import csv_ints, csv_list, load_average, stop_all
+from tools.bench.common import csv_ints, csv_list, load_average, on_uvloop, run_and_report, serve_jobs, stop_all
 from tools.bench.load import _cpu_seconds, percentiles
 from tools.bench.relay import Generator
 from tools.engine_control import EngineControl
@@ -382,26 +381,7 @@ def run_job(job: Job) -> dict[str, Any]:
         return asyncio.run(run_direct(job))
     if job.kind != "gateway":
         raise ValueError(f"unknown job kind {job.kind!r}")
-    coro: Coroutine[Any, Any, dict[str, Any]] = run_gateway(job)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: dict[str, Any] = uvloop.run(coro)
-    return result
-
-
-def serve() -> None:
-    """Answer each JSON job line on stdin with one JSON result line; stop at end of input."""
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            out = run_job(Job.from_dict(orjson.loads(line)))
-        except Exception as exc:  # a bad job is answered, never fatal to the driver
-            out = {"fatal": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
-        sys.stdout.flush()
+    return on_uvloop(run_gateway(job))
 
 
 class GrpcGenerator(Generator):
@@ -905,23 +885,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve:
-        serve()
+        serve_jobs(lambda job: run_job(Job.from_dict(job)))
         return 0
     console = Console(width=None if sys.stdout.isatty() else 180)
-    # SIGTERM unwinds like Ctrl-C, through the finally that stops every process.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        runs, header = run_bench(args, console)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted; every process started was stopped[/]")
-        return 130
-    render(console, header, runs)
-    if args.json:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        payload = {"header": header, "settings": settings, "runs": runs, "summary": summary(runs)}
-        args.json.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
-        console.print(f"raw figures written to {args.json}", highlight=False)
-    return 1 if any(r["errors"] or r.get("warmup", {}).get("errors") for r in runs) else 0
+    return run_and_report(args, console, run_bench, render, summary)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import aiohttp
 import orjson
+
+from tools.bench.common import on_uvloop, serve_jobs
 
 MODEL = "scripted-model"
 _HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
@@ -236,28 +237,6 @@ def _per_request(before: float | None, after: float | None, sent: int) -> float 
     return round((after - before) / sent * 1e6, 1)
 
 
-def _run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: dict[str, Any] = uvloop.run(coro)
-    return result
-
-
-def _serve() -> None:
-    """Answer each JSON job line on stdin with one JSON result line; stop at end of input."""
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            out = _run(run_job(Job.from_dict(orjson.loads(line))))
-        except Exception as exc:  # a bad job is answered, never fatal to the driver
-            out = {"fatal": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
-        sys.stdout.flush()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.load", description=__doc__)
     parser.add_argument("--serve", action="store_true", help="read jobs as JSON lines on stdin")
@@ -273,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-pid", type=int, action="append", help="report this process's CPU per request")
     args = parser.parse_args(argv)
     if args.serve:
-        _serve()
+        serve_jobs(lambda job: on_uvloop(run_job(Job.from_dict(job))))
         return
     if not args.url:
         parser.error("--url is required (or --serve)")
@@ -289,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         warmup=args.warmup,
         watch_pids=args.cpu_pid or [],
     )
-    sys.stdout.buffer.write(orjson.dumps(_run(run_job(job)), option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.buffer.write(orjson.dumps(on_uvloop(run_job(job)), option=orjson.OPT_INDENT_2) + b"\n")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from tools.bench import reference
-from tools.bench.common import csv_ints, csv_list, load_average, stop_all
+from tools.bench.common import csv_ints, csv_list, load_average, run_and_report, stop_all
 from tools.bench.report import DIRECT, REFERENCE, TARGETS, Run, Target, render, scenario_name, summary
 from tools.spawn import REPO_ROOT, Spawned, spawn_gateway, spawn_worker
 
@@ -260,20 +260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 140)
-    # SIGTERM unwinds like Ctrl-C, through the finally that stops every process.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        runs, header = run_bench(args, console)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted; every process started was stopped[/]")
-        return 130
-    render(console, header, runs)
-    if args.json:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        payload = {"header": header, "settings": settings, "runs": runs, "summary": summary(runs)}
-        args.json.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
-        console.print(f"raw figures written to {args.json}", highlight=False)
-    return 1 if any(r["errors"] or r.get("warmup", {}).get("errors") for r in runs) else 0
+    return run_and_report(args, console, run_bench, render, summary)
 
 
 if __name__ == "__main__":
