@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,6 +173,19 @@ def _wait_printed(spawned: Spawned, ready_line: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _on_a_port(port: int | None, start: Callable[[int], Spawned]) -> Spawned:
+    """`start` on `port`; without one, on a free port, picked again (three tries) when another
+    process took it between the pick and the bind."""
+    attempts = 1 if port is not None else 3
+    for attempt in range(attempts):
+        try:
+            return start(port if port is not None else free_port())
+        except RuntimeError as exc:
+            if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")
+
+
 def spawn_worker(
     port: int | None = None,
     *,
@@ -183,28 +197,16 @@ def spawn_worker(
 
     Without ``port`` a free one is picked, and picked again if another process took it first.
     """
-    attempts = 1 if port is not None else 3
-    for attempt in range(attempts):
-        chosen = port if port is not None else free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "tools.scripted_worker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(chosen),
-        ]
+
+    def start(chosen: int) -> Spawned:
+        args = [sys.executable, "-m", "tools.scripted_worker", "--host", "127.0.0.1", "--port", str(chosen)]
         if models:
             args += ["--models", ",".join(models)]
         args += extra or []
         url = f"http://127.0.0.1:{chosen}"
-        try:
-            return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout)
-        except RuntimeError as exc:
-            if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
-                raise
-    raise AssertionError("unreachable")
+        return spawn(args, ready_url=f"{url}/health", url=url, timeout=timeout)
+
+    return _on_a_port(port, start)
 
 
 def spawn_gateway(
@@ -248,9 +250,8 @@ def spawn_engine(
     The returned ``url`` is ``grpc://127.0.0.1:PORT``. Without ``port`` a free one is picked,
     and picked again if another process took it first.
     """
-    attempts = 1 if port is not None else 3
-    for attempt in range(attempts):
-        chosen = port if port is not None else free_port()
+
+    def start(chosen: int) -> Spawned:
         args = [
             sys.executable,
             "-m",
@@ -265,13 +266,9 @@ def spawn_engine(
             str(model_path),
             *(extra or []),
         ]
-        url = f"grpc://127.0.0.1:{chosen}"
-        try:
-            return spawn(args, ready_line="scripted engine ready", url=url, timeout=timeout)
-        except RuntimeError as exc:
-            if attempt + 1 == attempts or "address already in use" not in str(exc).lower():
-                raise
-    raise AssertionError("unreachable")
+        return spawn(args, ready_line="scripted engine ready", url=f"grpc://127.0.0.1:{chosen}", timeout=timeout)
+
+    return _on_a_port(port, start)
 
 
 def spawn_zmq_engine(
@@ -287,8 +284,8 @@ def spawn_zmq_engine(
     The returned ``url`` is the control service's ``grpc://127.0.0.1:PORT`` (for
     ``EngineControl``); the worker URL the gateway is given is ``ipc://PATH``.
     """
-    for attempt in range(3):
-        port = free_port()
+
+    def start(port: int) -> Spawned:
         args = [
             sys.executable,
             "-m",
@@ -301,9 +298,6 @@ def spawn_zmq_engine(
             str(port),
             *(extra or []),
         ]
-        try:
-            return spawn(args, ready_line="scripted zmq engine ready", url=f"grpc://127.0.0.1:{port}", timeout=timeout)
-        except RuntimeError as exc:
-            if attempt == 2 or "address already in use" not in str(exc).lower():
-                raise
-    raise AssertionError("unreachable")
+        return spawn(args, ready_line="scripted zmq engine ready", url=f"grpc://127.0.0.1:{port}", timeout=timeout)
+
+    return _on_a_port(None, start)
