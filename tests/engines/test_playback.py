@@ -105,3 +105,19 @@ def test_a_script_in_the_scripted_engines_format_is_checked() -> None:
         Script.parse({"delay_ms": 10})  # a test waits on events, not on time
     with pytest.raises(ValueError):
         Script.parse({"text": "a", "token_ids": [1]})
+
+
+def test_the_script_parser_checks_values_and_leaves_a_callers_own_keys_to_it() -> None:
+    assert Script.parse({"text": "a", "delay_ms": 5}, extra_keys=frozenset({"delay_ms"})).text == "a"
+    failure = Script.parse({"error": {"code": "invalid_argument", "after_tokens": 2}}).error
+    assert failure is not None and (failure.code, failure.after_tokens) == ("INVALID_ARGUMENT", 2)
+    for bad, message in [
+        ({"error": {"code": "NOPE"}}, "is not a gRPC status name"),
+        ({"error": {"code": "OK"}}, "cannot be OK"),
+        ({"eos": 1}, "eos must be a boolean"),
+        ({"chunk_size": 0}, "chunk_size must be an integer of at least 1"),
+        ({"token_ids": [1, -2]}, "token_ids must be a list of non-negative integers"),
+        ([], "a script must be a JSON object"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Script.parse(bad)
