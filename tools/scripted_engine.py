@@ -475,6 +475,7 @@ class Wire:
     pb: Any
     servicer_base: type
     add_to_server: Callable[[Any, Any], None]
+    ids_field = "output_ids"  # the `complete` message's field of generated ids
 
     def asked(self, request: Any) -> Asked:
         raise NotImplementedError
@@ -495,7 +496,7 @@ class Wire:
 
     def complete(self, request_id: str, end: Ending) -> Any:
         complete = self.pb.GenerateComplete(
-            output_ids=end.output_ids,
+            **{self.ids_field: end.output_ids},
             finish_reason=end.finish_reason,
             prompt_tokens=end.prompt_tokens,
             completion_tokens=end.completion_tokens,
@@ -691,6 +692,7 @@ class TrtllmWire(Wire):
     pb = trtllm_service_pb2
     servicer_base = trtllm_service_pb2_grpc.TrtllmServiceServicer
     add_to_server = staticmethod(trtllm_service_pb2_grpc.add_TrtllmServiceServicer_to_server)
+    ids_field = "output_token_ids"
 
     def asked(self, request: Any) -> Asked:
         return Asked(
@@ -703,20 +705,6 @@ class TrtllmWire(Wire):
             ignore_eos=request.ignore_eos,
             keep_stop_token=request.include_stop_token_in_output,
         )
-
-    def complete(self, request_id: str, end: Ending) -> Any:
-        complete = self.pb.GenerateComplete(
-            output_token_ids=end.output_ids,
-            finish_reason=end.finish_reason,
-            prompt_tokens=end.prompt_tokens,
-            completion_tokens=end.completion_tokens,
-            cached_tokens=end.cached_tokens,
-        )
-        if end.matched_token_id is not None:
-            complete.matched_token_id = end.matched_token_id
-        elif end.matched_stop_str is not None:
-            complete.matched_stop_str = end.matched_stop_str
-        return self.response(request_id, complete=complete)
 
     def health(self, healthy: bool) -> Any:
         return self.pb.HealthCheckResponse(status="OK" if healthy else "unhealthy: set by a test")
