@@ -59,6 +59,12 @@ def any_tool_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return schema
 
 
+def _triggered(triggers: list[str], tags: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
+    """A structural tag that lets the model write freely until a trigger, then holds it to one of
+    `tags` (at least one call when `at_least_one`)."""
+    return {"format": {"type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": at_least_one}}
+
+
 def _mistral_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
     calls = [
         {
@@ -68,20 +74,12 @@ def _mistral_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, A
         }
         for tool in tools
     ]
-    return {
-        "format": {
-            "type": "triggered_tags",
-            "triggers": ["[TOOL_CALLS]"],
-            "tags": [
-                {
-                    "begin": "[TOOL_CALLS] [",
-                    "content": {"type": "tags_with_separator", "tags": calls, "separator": ", "},
-                    "end": "]",
-                }
-            ],
-            "at_least_one": at_least_one,
-        }
+    group = {
+        "begin": "[TOOL_CALLS] [",
+        "content": {"type": "tags_with_separator", "tags": calls, "separator": ", "},
+        "end": "]",
     }
+    return _triggered(["[TOOL_CALLS]"], [group], at_least_one)
 
 
 def _kimik2_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
@@ -92,14 +90,7 @@ def _kimik2_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, An
         head = f"<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>"
         tags.append({"begin": f"<|tool_calls_section_begin|>{head}", "content": content, "end": "<|tool_call_end|>"})
         tags.append({"begin": head, "content": content, "end": "<|tool_call_end|>"})
-    return {
-        "format": {
-            "type": "triggered_tags",
-            "triggers": ["<|tool_calls_section_begin|>", "<|tool_call_begin|>"],
-            "tags": tags,
-            "at_least_one": at_least_one,
-        }
-    }
+    return _triggered(["<|tool_calls_section_begin|>", "<|tool_call_begin|>"], tags, at_least_one)
 
 
 def _inkling_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, Any]:
@@ -111,14 +102,7 @@ def _inkling_tag(tools: list[dict[str, Any]], at_least_one: bool) -> dict[str, A
         }
         for tool in tools
     ]
-    return {
-        "format": {
-            "type": "triggered_tags",
-            "triggers": ["<|content_invoke_tool_json|>"],
-            "tags": tags,
-            "at_least_one": at_least_one,
-        }
-    }
+    return _triggered(["<|content_invoke_tool_json|>"], tags, at_least_one)
 
 
 # The parsers whose native call format can be written as a structural tag, and its builder.
