@@ -629,6 +629,47 @@ def test_step3_reasoning_then_calls(stream: bool) -> None:
     assert events[-2]["delta"] == {"stop_reason": "tool_use"}
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_inkling_typed_blocks_make_thinking_text_and_calls(stream: bool) -> None:
+    # Inkling's reasoning parser takes the blocks apart, then its tool parser reads the call.
+    tokenizer = _toy.fixture("deepseek")
+    output = MM + CTH + "plan the call" + EM + inkling_text("Checking.") + inkling_call("get_weather", PARIS) + ES
+    settings = GenerationSettings(
+        message_id="msg_t",
+        model="Inkling-7B",
+        stream=stream,
+        eos_token_ids=tokenizer.eos_token_ids,
+        skip_special_tokens=False,
+        tool_parser="inkling",
+        reasoning_parser="inkling",
+        tools=[WEATHER],
+    )
+    gen = Generation(tokenizer, settings, stages=build_stages(settings))
+    events = gen.start()
+    for token in tokenizer.encode(output) + tokenizer.eos_token_ids[:1]:
+        events += gen.feed([token])
+    events += gen.finish("stop", 10, 20)
+    assert content(events) == [
+        {"type": "thinking", "thinking": "plan the call", "signature": ""},
+        {"type": "text", "text": "Checking."},
+        {
+            "type": "tool_use",
+            "id": tool_use_id("msg_t", 0),
+            "name": "get_weather",
+            "input": PARIS,
+            "caller": {"type": "direct"},
+        },
+    ]
+    assert events[-2]["delta"] == {"stop_reason": "tool_use"}
+
+
+@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}, None])
+def test_inkling_reasoning_runs_whatever_thinking_says(thinking: dict[str, Any] | None) -> None:
+    body: dict[str, Any] = {"messages": USER, **({"thinking": thinking} if thinking else {})}
+    plan = output_plan(body, model="Inkling-7B")
+    assert plan.reasoning_parser == "inkling" and plan.skip_special_tokens is False
+
+
 @pytest.mark.parametrize(
     ("model", "parser"),
     [("sbintuitions/sarashina2.2-3b", "sarashina"), ("stepfun-ai/step3", "step3"), ("Inkling-7B", "inkling")],
