@@ -108,6 +108,9 @@ class ToolParser:
     start_markers: ClassVar[tuple[str, ...]] = ()
     # Characters dropped, besides whitespace, between calls (llama's `;`).
     separators: ClassVar[str] = ""
+    # The closing marker of the format's block of calls, if it has one: dropped where it follows
+    # a call of a block that broke.
+    block_end: ClassVar[str] = ""
 
     def __init__(self, tools: Tools | None = None, *, new_id: IdFactory | None = None) -> None:
         self.tools: Tools = list(tools or [])
@@ -296,6 +299,13 @@ class ToolParser:
         self._buf = rest + self._buf
         self._raw = []
         self.mode = TEXT
+
+    def _broken(self) -> None:
+        """The block of calls broke (`_fail`); after a call of it opened, its closing marker is
+        still to come and is not text."""
+        if self._committed and self.block_end:
+            self._pending_end = self.block_end
+        self._fail()
 
     def _as_text(self) -> None:
         """What was read since the marker (or the last call) is text after all."""

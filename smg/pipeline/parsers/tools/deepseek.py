@@ -33,6 +33,7 @@ JSON_FENCE = "```json"
 class DeepSeekV31Parser(ToolParser):
     name = "deepseek31"
     start_markers = (CALLS_BEGIN, CALL_BEGIN)
+    block_end = CALLS_END
     _name = ""  # of the call being read
 
     def _open(self, marker: str) -> None:
@@ -98,11 +99,6 @@ class DeepSeekV31Parser(ToolParser):
 
     def _step_name(self) -> bool:
         return False
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = CALLS_END
-        self._fail()
 
 
 class DeepSeekV3Parser(DeepSeekV31Parser):

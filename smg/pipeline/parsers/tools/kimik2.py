@@ -31,6 +31,7 @@ _ID_PARTS = re.compile(r"(?:functions\.)?([\w.\-]+):\d+")
 class KimiK2Parser(ToolParser):
     name = "kimik2"
     start_markers = (SECTION_BEGIN, SECTION_BEGIN_ALT, CALL_BEGIN)
+    block_end = SECTION_END
     _id = ""  # of the call being read
     _name = ""
 
@@ -77,8 +78,3 @@ class KimiK2Parser(ToolParser):
         elif found is None:
             self._broken()
         return True
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = SECTION_END
-        self._fail()
