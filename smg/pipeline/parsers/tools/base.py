@@ -321,6 +321,22 @@ class ToolParser:
         else:
             self._as_text()
 
+    def _step_between_calls(self, call_begin: str, call_end: str, *block_ends: str) -> bool:
+        """Between the calls of a marked block: the next call's `call_begin` (mode "head"), one
+        of the `block_ends`, or a finished call's `call_end` (dropped); anything else breaks it."""
+        found = self._expect(call_begin, *block_ends, call_end)
+        if found == "":
+            return False
+        if found == call_begin:
+            self.mode = "head"
+        elif found in block_ends:
+            self._end_block()
+        elif found == call_end and self._committed:
+            self._raw = []  # the finished call's closing marker
+        elif found is None:
+            self._broken()
+        return True
+
     def _give_up(self) -> None:
         """The output ended mid-structure."""
         if self._in_call:
@@ -410,6 +426,18 @@ class ToolParser:
         """Open the call; its arguments object starts at the front of the buffer (`{`)."""
         self._open_call(name, tool_id)
         self._stream = js.ArgsStream()
+
+    def _step_open_args(self, name: str, tool_id: str | None = None) -> bool:
+        """The named call's arguments object is next (mode "open_args"; whitespace before it is
+        dropped): the call opens and the mode is "args". Anything else breaks the block."""
+        if not self._skip_ws():
+            return False
+        if self._buf[0] != "{":
+            self._broken()
+            return True
+        self._start_args(name, tool_id)
+        self.mode = "args"
+        return True
 
     def _step_args(self) -> bool:
         """Stream the buffer into the arguments object; True once it ended (complete, or broken

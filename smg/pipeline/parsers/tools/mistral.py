@@ -49,16 +49,9 @@ class MistralParser(JsonCallsParser):
             else:
                 self.mode = "open_args"
             return True
-        if mode != "open_args":
-            return self._step_call_objects()
-        if not self._skip_ws():
-            return False
-        if self._buf[0] != "{":
-            self._fail()
-            return True
-        self._start_args(self._name)
-        self.mode = "args"
-        return True
+        if mode == "open_args":
+            return self._step_open_args(self._name)
+        return self._step_call_objects()
 
     def _head_other(self) -> None:
         self.mode = "name"  # the one-call-per-marker form
