@@ -8,7 +8,9 @@ port, a control service `tools.ScriptedEngine` whose unary methods take and retu
 - `Script` `{"scripts": [Script, ...], "default": Script?}` queues scripts; each `Generate` takes
   the first queued one whose condition matches (see `when_prompt_contains`), else the default
   one (else the text below);
-- `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order;
+- `Received` → `{"requests": [...]}`: every `GenerateRequest`, as `MessageToDict` dicts, in order
+  (bytes fields base64, so a TRT-LLM request's `multimodal_input.image_data` shows the images'
+  bytes as they arrived);
 - `Aborts` → `{"request_ids": [...]}`: the ids named by `Abort` calls, in order;
 - `Cancelled` → `{"request_ids": [...]}`: the `Generate` calls the client cancelled, in order;
 - `TraceContext` → `{"metadata": [...]}`: each `Generate` call's `traceparent`/`tracestate` metadata;

@@ -31,7 +31,8 @@ RENDER_INLINE_BYTES = 16_384
 @dataclass
 class Prepared:
     """What every attempt of one generation shares: the request, its rendered prompt (image
-    placeholders expanded in `prompt.ids`), the output plan and the generation settings."""
+    placeholders expanded in `prompt.ids`), the output plan and the generation settings.
+    `image_data`: the images' own bytes, kept only for a pool with an engine that takes them."""
 
     request: Any  # the validated CreateMessageRequest
     model: str
@@ -44,6 +45,7 @@ class Prepared:
     plan: OutputPlan
     stop_ids: dict[int, str]
     images: list[VisionItem] = field(default_factory=list)
+    image_data: list[bytes] = field(default_factory=list)
 
 
 def stop_token_map(tokenizer: Tokenizer, stops: list[str]) -> dict[int, str]:
@@ -129,6 +131,7 @@ def prepare(
     tool_parser: str | None,
     reasoning_parser: str | None,
     images: Sequence[VisionItem] = (),
+    image_data: Sequence[bytes] = (),
 ) -> Prepared:
     """The generation's shared part: the output plan, the single-token stops and the settings
     (the engine's EOS ids join them when the session starts)."""
@@ -145,7 +148,18 @@ def prepare(
     plan = plan_output(request, prompt, model, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     apply_plan(settings, plan, prompt.tools)
     return Prepared(
-        request, model, stream, tokenizer, prompt, message_id, source, settings, plan, stop_ids, list(images)
+        request,
+        model,
+        stream,
+        tokenizer,
+        prompt,
+        message_id,
+        source,
+        settings,
+        plan,
+        stop_ids,
+        list(images),
+        list(image_data),
     )
 
 

@@ -84,6 +84,20 @@ FORMATS: dict[str, tuple[str, str]] = {
         '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|>'
         "<|close|>tools<|sep|>",
     ),
+    "sarashina-fixture": ("sarashina", "<|tool_calls|>[{'name': 'get_weather', 'arguments': {'city': 'Paris'}}]"),
+    "step3-fixture": (
+        "step3",
+        '<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="get_weather">'
+        '<steptml:parameter name="city">Paris</steptml:parameter></steptml:invoke><｜tool_call_end｜>'
+        "<｜tool_calls_end｜>",
+    ),
+    # Inkling's reasoning parser (special tokens: it runs with thinking off too) drops the header
+    # and hands the invocation to the tool parser.
+    "inkling-fixture": (
+        "inkling",
+        '<|message_model|>get_weather<|content_invoke_tool_json|>{"name": "get_weather", "args": {"city": "Paris"}}'
+        "<|end_message|><|content_model_end_sampling|>",
+    ),
     "command-a-fixture": (
         "cohere",
         '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}\n]'
@@ -181,3 +195,30 @@ def test_parser_chosen_by_flag_overrides_detection(engine: Spawned, tmp_path: Pa
     finally:
         control.close()
         gateway.stop()
+
+
+@pytest.mark.parametrize("thinking", [NO_THINKING, {"type": "enabled", "budget_tokens": 1024}])
+def test_inkling_typed_blocks_become_thinking_text_and_a_call(
+    fleet: tuple[Spawned, dict[str, EngineControl]], thinking: dict[str, Any]
+) -> None:
+    # The model id picks both Inkling parsers; its blocks are special tokens, so the reasoning
+    # parser reads them whatever `thinking` says.
+    gateway, controls = fleet
+    control = controls["inkling-fixture"]
+    control.reset()
+    output = (
+        "<|message_model|><|content_thinking|>Paris, then.<|end_message|>"
+        "<|message_model|><|content_text|>Let me look.<|end_message|>" + FORMATS["inkling-fixture"][1]
+    )
+    control.script({"text": output, "chunk_size": 1}, {"text": output, "chunk_size": 1})
+    sdk = anthropic.Anthropic(api_key="unused", base_url=gateway.url, max_retries=0)
+    kwargs: dict[str, Any] = {"model": "inkling-fixture", "max_tokens": 2048, "messages": USER, "tools": [WEATHER]}
+    plain = sdk.messages.create(**kwargs, thinking=thinking)
+    with sdk.messages.stream(**kwargs, thinking=thinking) as stream:
+        final = stream.get_final_message()
+    for message in (plain, final):
+        blocks = _content(message)
+        assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"], blocks
+        assert blocks[0]["thinking"] == "Paris, then." and blocks[1]["text"] == "Let me look."
+        assert blocks[2]["name"] == "get_weather" and blocks[2]["input"] == {"city": "Paris"}
+        assert message.stop_reason == "tool_use"

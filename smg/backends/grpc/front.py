@@ -3,10 +3,11 @@
 For each request (the router has checked that the model is served): its tokenizer (waited for
 while it loads), the refusals of what the engine path cannot serve, the conversation rendered
 (a long one on a thread) and tokenized; count_tokens and `max_tokens: 0` are answered here
-without a worker. A generation on a pool that serves images (SGLang and vLLM workers, an EPD
-deployment) has its images fetched and preprocessed here by the model's family processor, before
-any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`,
-`smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
+without a worker. A generation on a pool that serves images (SGLang, vLLM and TRT-LLM workers,
+an EPD deployment) has its images fetched and preprocessed here by the model's family processor,
+before any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`,
+`smg.pipeline.vision`); their bytes are kept as well when a TRT-LLM worker may take the request.
+What is decided is `smg.pipeline.prepare`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import replace
 
 from journal.events import Event
 from smg.backends.base import Call, Target
-from smg.backends.grpc.request import check_servable
+from smg.backends.grpc.request import RAW_IMAGE_RUNTIMES, check_servable
 from smg.backends.grpc.workers import EngineWorkers
 from smg.config import GatewayConfig
 from smg.fetch import Fetcher
@@ -91,6 +92,7 @@ class Front:
         if not generating:
             return empty_answer(backend or self._backend, call.model, call.stream, prompt, source, message_id, windows)
         images: list[VisionItem] = []
+        image_data: list[bytes] = []
         blocks = user_images(request) if multimodal else []
         if blocks:
             processor = self._vision_processor()
@@ -99,6 +101,8 @@ class Front:
             media = await load_images(self._media, blocks, self._config.media)
             ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
+            if runtimes & RAW_IMAGE_RUNTIMES:
+                image_data = [item.data for item in media]
         return prepare(
             request,
             call.model,
@@ -110,6 +114,7 @@ class Front:
             tool_parser=self._config.tool_call_parser,
             reasoning_parser=self._config.reasoning_parser,
             images=images,
+            image_data=image_data,
         )
 
     def _model_takes_images(self) -> bool:

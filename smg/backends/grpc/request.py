@@ -4,8 +4,9 @@ Owns the per-engine rules of the spec: which stop sequences the engine matches i
 which only the gateway matches (SGLang gets single-token stops as ids, never strings), the
 sampling values (the request's, else the worker's defaults, else the engine's neutral
 ones), the data-parallel rank of a rank-pinned worker, the MLX refusals, and what the gRPC
-path cannot serve (`output_format`; images, but on an EPD deployment). `engine_call` is one
-attempt's call for a prepared generation (`smg.pipeline.prepare`).
+path cannot serve (`output_format`; images, but on the engines whose protocol carries them and
+on an EPD deployment). `engine_call` is one attempt's call for a prepared generation
+(`smg.pipeline.prepare`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ def _has_images(request: Any) -> bool:
     return False
 
 
-IMAGE_RUNTIMES = frozenset({"sglang", "vllm"})  # their protos carry preprocessed images (`mm_inputs`)
+# The engines whose protos carry images: SGLang's and vLLM's preprocessed `mm_inputs`, TRT-LLM's
+# raw `image_data` (its own input processor encodes them; the prompt's placeholders are expanded
+# by the gateway all the same, as the reference gateway sends them).
+IMAGE_RUNTIMES = frozenset({"sglang", "vllm", "trtllm"})
+# Of those, the engines that take each image's own bytes.
+RAW_IMAGE_RUNTIMES = frozenset({"trtllm"})
 
 
 def check_servable(request: Any, runtime: str, *, generating: bool, images: bool = False) -> None:
@@ -77,8 +83,8 @@ def check_servable(request: Any, runtime: str, *, generating: bool, images: bool
     elif not images and _has_images(request):
         raise ApiError(
             400,
-            "Image inputs are not supported on these gRPC workers by this gateway (SGLang and vLLM workers "
-            "and EPD deployments take them; count_tokens counts them as the template's placeholder)",
+            "Image inputs are not supported on these gRPC workers by this gateway (SGLang, vLLM and TRT-LLM "
+            "workers and EPD deployments take them; count_tokens counts them as the template's placeholder)",
             code="multimodal_not_supported",
         )
 
@@ -148,6 +154,8 @@ def engine_call(
         dp_rank=dp_rank,
     )
     call.images = list(prepared.images)
+    if runtime in RAW_IMAGE_RUNTIMES:
+        call.image_data = list(prepared.image_data)
     call.merge_chunks = not prepared.settings.stop_sequences
     # An engine without a tokenizer (ZMQ) is told where to stop.
     call.eos_token_ids = list(prepared.tokenizer.eos_token_ids)

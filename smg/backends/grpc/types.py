@@ -82,6 +82,9 @@ class GenerateCall:
     # The prompt's images, their placeholders already expanded in `input_ids`. EPD legs carry
     # their metadata only: the pixels went to the encode workers.
     images: list[VisionItem] = field(default_factory=list)
+    # The same images as the request carried them (decoded or fetched), for TRT-LLM's
+    # `multimodal_input.image_data`.
+    image_data: list[bytes] = field(default_factory=list)
     send_pixels: bool = True
     encode_bootstrap: list[EncodeBootstrap] = field(default_factory=list)  # the prefill leg's (EPD)
     # `--dp-aware`: the data-parallel rank this leg is pinned to (the worker's `url@rank`), sent

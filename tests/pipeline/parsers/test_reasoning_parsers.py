@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from smg.pipeline.generation import Piece, Text, TextStage, Thinking, ToolArgs, ToolCall
 from smg.pipeline.parsers.reasoning import REASONING_PARSERS, MarkerParser, make_reasoning_parser
 
-MARKER_PARSERS = sorted(name for name in REASONING_PARSERS if name != "passthrough")
+# Inkling's typed blocks are not a pair of think markers: they have a table of their own below.
+MARKER_PARSERS = sorted(name for name in REASONING_PARSERS if name not in ("passthrough", "inkling"))
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -315,3 +316,107 @@ def test_kimi_k3_channels(
     feed: Callable[[str], list[str]], output: str, in_reasoning: bool, expected: list[tuple[str, str]]
 ) -> None:
     assert shape(parse("kimi_k3", feed(output), in_reasoning)) == expected
+
+
+# --- Inkling's TML typed blocks ---------------------------------------------------------------------
+
+MM, CT, CTH, TJ, TT = (
+    "<|message_model|>",
+    "<|content_text|>",
+    "<|content_thinking|>",
+    "<|content_invoke_tool_json|>",
+    "<|content_invoke_tool_text|>",
+)
+EM, ES = "<|end_message|>", "<|content_model_end_sampling|>"
+TOOL_BLOCK = TJ + '{"name":"search","args":{"q":"rust"}}' + EM
+# The reference parser's canonical turn: thinking, text, a JSON call whose header names the tool.
+TYPED_OUTPUT = MM + CTH + "check sources" + EM + MM + CT + "Here is the answer." + EM + MM + "search" + TOOL_BLOCK + ES
+
+NOT_TML = "Just <b>text</b> < <| |> <|unknown|> and <|content_th"
+# (output, starts in reasoning, the blocks it makes)
+INKLING_CASES: list[tuple[str, bool, list[tuple[str, str]]]] = [
+    (TYPED_OUTPUT, False, [("Thinking", "check sources"), ("Text", "Here is the answer." + TOOL_BLOCK)]),
+    # A text-mode invocation has no tool_use form: the whole frame is dropped.
+    (TT + "search for rust" + EM + ES, False, []),
+    (MM + CT + "a" + EM + MM + TT + "x <|content_text|> y" + EM + MM + CT + "b" + EM, False, [("Text", "ab")]),
+    # Reasoning opened by the prompt, and thinking after the answer.
+    ("plan" + EM + MM + CT + "Answer." + EM, True, [("Thinking", "plan"), ("Text", "Answer.")]),
+    (
+        MM + CT + "a" + EM + MM + CTH + "b" + EM + MM + CT + "c",
+        False,
+        [("Text", "a"), ("Thinking", "b"), ("Text", "c")],
+    ),
+    # No whitespace is dropped after reasoning, and text outside any block is the answer's.
+    (CTH + "t" + EM + "\n\nloose " + CT + " x", False, [("Thinking", "t"), ("Text", "\n\nloose  x")]),
+    # A header holds no content whatever it says; a tool block keeps every token for the tool parser.
+    (MM + "assistant name" + CT + "hi" + EM, False, [("Text", "hi")]),
+    (TJ + '{"a": "' + CT + '"}' + ES + "after", False, [("Text", TJ + '{"a": "' + CT + '"}' + ES + "after")]),
+    # Not TML: text unchanged, a marker prefix that never completes included.
+    (
+        "Just <b>text</b> < <| |> <|unknown|> and <|content_th",
+        False,
+        [("Text", "Just <b>text</b> < <| |> <|unknown|> and <|content_th")],
+    ),
+    (CTH + "still <|end_mess", False, [("Thinking", "still <|end_mess")]),
+]
+
+
+@pytest.mark.parametrize("feed", [lambda s: [s], chars], ids=["whole", "by-char"])
+@pytest.mark.parametrize(("output", "in_reasoning", "expected"), INKLING_CASES)
+def test_inkling_blocks(
+    feed: Callable[[str], list[str]], output: str, in_reasoning: bool, expected: list[tuple[str, str]]
+) -> None:
+    assert shape(parse("inkling", feed(output), in_reasoning)) == expected
+
+
+@pytest.mark.parametrize(("output", "in_reasoning", "expected"), INKLING_CASES)
+def test_inkling_every_single_split(output: str, in_reasoning: bool, expected: list[tuple[str, str]]) -> None:
+    for i in range(len(output) + 1):
+        pieces = parse("inkling", [output[:i], output[i:]], in_reasoning)
+        assert shape(pieces) == expected, i
+        assert all(p.text for p in pieces if isinstance(p, Text | Thinking))
+
+
+def test_inkling_every_pair_of_splits() -> None:
+    doc = CTH + "a<|" + EM + MM + "f" + CT + "b" + EM
+    for i in range(len(doc) + 1):
+        for j in range(i, len(doc) + 1):
+            assert shape(parse("inkling", [doc[:i], doc[i:j], doc[j:]])) == [("Thinking", "a<|"), ("Text", "b")], (i, j)
+
+
+def test_inkling_control_tokens_are_never_emitted_even_partially() -> None:
+    parser = make_reasoning_parser("inkling", False)
+    for ch in MM + "header" + CTH:
+        assert parser.feed([Text(ch)]) == []
+    assert parser.feed([Text("x")]) == [Thinking("x")]
+    for ch in EM + MM + CT:
+        assert parser.feed([Text(ch)]) == []
+    assert parser.feed([Text("y")]) == [Text("y")]
+    assert parser.flush() == []
+
+
+def test_inkling_needs_its_special_tokens() -> None:
+    assert REASONING_PARSERS["inkling"].special_tokens
+
+
+INKLING_TOKENS = [MM, CT, CTH, TJ, TT, EM, ES, "<|message_user|>", "<|content_image|>"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_inkling_random_documents_and_chunkings(data: st.DataObject) -> None:
+    piece = st.one_of(
+        st.text("<|>_aé 😀\n", max_size=6),
+        st.sampled_from(INKLING_TOKENS),
+        st.sampled_from(INKLING_TOKENS).map(lambda t: t[:5]),
+    )
+    doc = "".join(data.draw(st.lists(piece, max_size=12)))
+    in_reasoning = data.draw(st.booleans())
+    whole = parse("inkling", [doc], in_reasoning)
+    pieces = parse("inkling", data.draw(chunked(doc)), in_reasoning)
+    assert shape(pieces) == shape(whole)
+    assert all(p.text for p in pieces if isinstance(p, Text | Thinking))
+    # What is emitted never holds a control token, but for a JSON call's own framing.
+    if TJ not in doc:
+        text = "".join(p.text for p in whole if isinstance(p, Text | Thinking))
+        assert not [token for token in INKLING_TOKENS if token in text]

@@ -595,27 +595,32 @@ def test_sarashina_and_step3_force_tool_use_with_a_json_schema(parser: str) -> N
     assert (tool_constraint("tool", "search", tools, configured_parser=parser) or ("",))[0] == "json_schema"
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_step3_reasoning_then_calls(stream: bool) -> None:
-    # Step3 starts in reasoning (its reasoning parser); the calls come after `</think>`.
+def generate_with_both_parsers(parser: str, output: str, stream: bool, in_reasoning: bool = False) -> list[Any]:
+    """A whole generation with the format's reasoning and tool parsers as the stages."""
     tokenizer = _toy.fixture("deepseek")
-    output = "plan the call</think>\n\n" + GENERATION[2][1]
     settings = GenerationSettings(
         message_id="msg_t",
-        model="stepfun-ai/step3",
+        model="m",
         stream=stream,
         eos_token_ids=tokenizer.eos_token_ids,
         skip_special_tokens=False,
-        tool_parser="step3",
-        reasoning_parser="step3",
-        in_reasoning=True,
+        tool_parser=parser,
+        reasoning_parser=parser,
+        in_reasoning=in_reasoning,
         tools=[WEATHER],
     )
     gen = Generation(tokenizer, settings, stages=build_stages(settings))
     events = gen.start()
     for token in tokenizer.encode(output) + tokenizer.eos_token_ids[:1]:
         events += gen.feed([token])
-    events += gen.finish("stop", 10, 20)
+    return events + gen.finish("stop", 10, 20)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_step3_reasoning_then_calls(stream: bool) -> None:
+    # Step3 starts in reasoning (its reasoning parser); the calls come after `</think>`.
+    output = "plan the call</think>\n\n" + GENERATION[2][1]
+    events = generate_with_both_parsers("step3", output, stream, in_reasoning=True)
     assert content(events) == [
         {"type": "thinking", "thinking": "plan the call", "signature": ""},
         {
@@ -627,6 +632,32 @@ def test_step3_reasoning_then_calls(stream: bool) -> None:
         },
     ]
     assert events[-2]["delta"] == {"stop_reason": "tool_use"}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_inkling_typed_blocks_make_thinking_text_and_calls(stream: bool) -> None:
+    # Inkling's reasoning parser takes the blocks apart, then its tool parser reads the call.
+    output = MM + CTH + "plan the call" + EM + inkling_text("Checking.") + inkling_call("get_weather", PARIS) + ES
+    events = generate_with_both_parsers("inkling", output, stream)
+    assert content(events) == [
+        {"type": "thinking", "thinking": "plan the call", "signature": ""},
+        {"type": "text", "text": "Checking."},
+        {
+            "type": "tool_use",
+            "id": tool_use_id("msg_t", 0),
+            "name": "get_weather",
+            "input": PARIS,
+            "caller": {"type": "direct"},
+        },
+    ]
+    assert events[-2]["delta"] == {"stop_reason": "tool_use"}
+
+
+@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}, None])
+def test_inkling_reasoning_runs_whatever_thinking_says(thinking: dict[str, Any] | None) -> None:
+    body: dict[str, Any] = {"messages": USER, **({"thinking": thinking} if thinking else {})}
+    plan = output_plan(body, model="Inkling-7B")
+    assert plan.reasoning_parser == "inkling" and plan.skip_special_tokens is False
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 Request: the sampling values in a `SamplingConfig` (beam width 1, one sequence; top_k only when
 the request set one — TRT-LLM reads an unset top_k as disabled), a required `max_tokens`, stop
 strings sent (TRT-LLM tokenizes and matches them), the constraint as `guided_decoding`, input
-ids excluded from the output. Stream: chunks carry new ids and running-total counts; the
+ids excluded from the output, a prompt's images as `multimodal_input.image_data` (each image's
+own bytes, in prompt order; TRT-LLM's input processor encodes them, the ids carry the
+placeholders the gateway expanded). Stream: chunks carry new ids and running-total counts; the
 `complete` carries every output id and the total. Stop tokens are left out of the output ids
 (`include_stop_token_in_output` false). Health is a status string, "OK" when serving; model info
 has no EOS ids and names the model by `model_id`.
@@ -82,4 +84,6 @@ class TrtllmClient(GrpcEngineClient):
         if call.constraint is not None:
             kind, value = call.constraint
             request.guided_decoding.CopyFrom(pb.GuidedDecodingParams(guide_type=_GUIDE_TYPES[kind], guide=value))
+        if call.image_data:
+            request.multimodal_input.CopyFrom(pb.MultimodalInput(image_data=call.image_data))
         return request

@@ -31,7 +31,6 @@ _ALL: tuple[type[MarkerParser], ...] = (MarkerParser, *PARSER_CLASSES)
 REASONING_PARSERS: Mapping[str, type[MarkerParser]] = MappingProxyType({cls.name: cls for cls in _ALL})
 
 # behaviors.md §F.7, in order: a case-insensitive substring of the model id, first match wins.
-# `inkling` is listed although not implemented, so that its ids stop here.
 DETECTION_PATTERNS: tuple[tuple[str, str], ...] = (
     ("deepseek-r1", "deepseek_r1"),
     ("deepseek-v4", "deepseek_v4"),
@@ -68,8 +67,7 @@ DETECTION_PATTERNS: tuple[tuple[str, str], ...] = (
 
 def detect_reasoning_parser(model_id: str) -> str | None:
     """The reasoning parser for a model id by §F.7's first matching pattern; None when nothing
-    matches or the first match names a parser that is not implemented here (as the reference's
-    `has_parser_for_model`: the first match decides)."""
+    matches (as the reference's `has_parser_for_model`: the first match decides)."""
     model = model_id.lower()
     for pattern, name in DETECTION_PATTERNS:
         if pattern in model:

@@ -3,8 +3,8 @@ reasoning (behaviors.md §F.8). They differ only in those facts; the parsing is 
 
 `deepseek_v4` is here as well because it is the plain `<think>` format: the reference arms it
 when the prompt prefills `<think>`, which `starts_in_reasoning` reads from the prompt. `kimi_k3`
-is Kimi-K3's XTML `think` channel, with the channel rules of its own class. `inkling` is not a
-marker format and is not implemented.
+is Kimi-K3's XTML `think` channel, with the channel rules of its own class. `inkling`'s typed
+blocks have a module of their own.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from smg.pipeline.generation import Piece
 from smg.pipeline.parsers.reasoning.base import MarkerParser
+from smg.pipeline.parsers.reasoning.inkling import InklingParser
 from smg.pipeline.parsers.tools import kimik3 as xtml
 
 
@@ -130,5 +131,6 @@ PARSER_CLASSES: tuple[type[MarkerParser], ...] = (
     NanoV3Parser,
     CohereCmdParser,
     KimiK3Parser,
+    InklingParser,
     PassthroughParser,
 )

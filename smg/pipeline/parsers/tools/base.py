@@ -108,6 +108,9 @@ class ToolParser:
     start_markers: ClassVar[tuple[str, ...]] = ()
     # Characters dropped, besides whitespace, between calls (llama's `;`).
     separators: ClassVar[str] = ""
+    # The closing marker of the format's block of calls, if it has one: dropped where it follows
+    # a call of a block that broke.
+    block_end: ClassVar[str] = ""
 
     def __init__(self, tools: Tools | None = None, *, new_id: IdFactory | None = None) -> None:
         self.tools: Tools = list(tools or [])
@@ -297,6 +300,13 @@ class ToolParser:
         self._raw = []
         self.mode = TEXT
 
+    def _broken(self) -> None:
+        """The block of calls broke (`_fail`); after a call of it opened, its closing marker is
+        still to come and is not text."""
+        if self._committed and self.block_end:
+            self._pending_end = self.block_end
+        self._fail()
+
     def _as_text(self) -> None:
         """What was read since the marker (or the last call) is text after all."""
         self._text("".join(self._raw))
@@ -310,6 +320,22 @@ class ToolParser:
             self.mode = TEXT
         else:
             self._as_text()
+
+    def _step_between_calls(self, call_begin: str, call_end: str, *block_ends: str) -> bool:
+        """Between the calls of a marked block: the next call's `call_begin` (mode "head"), one
+        of the `block_ends`, or a finished call's `call_end` (dropped); anything else breaks it."""
+        found = self._expect(call_begin, *block_ends, call_end)
+        if found == "":
+            return False
+        if found == call_begin:
+            self.mode = "head"
+        elif found in block_ends:
+            self._end_block()
+        elif found == call_end and self._committed:
+            self._raw = []  # the finished call's closing marker
+        elif found is None:
+            self._broken()
+        return True
 
     def _give_up(self) -> None:
         """The output ended mid-structure."""
@@ -400,6 +426,18 @@ class ToolParser:
         """Open the call; its arguments object starts at the front of the buffer (`{`)."""
         self._open_call(name, tool_id)
         self._stream = js.ArgsStream()
+
+    def _step_open_args(self, name: str, tool_id: str | None = None) -> bool:
+        """The named call's arguments object is next (mode "open_args"; whitespace before it is
+        dropped): the call opens and the mode is "args". Anything else breaks the block."""
+        if not self._skip_ws():
+            return False
+        if self._buf[0] != "{":
+            self._broken()
+            return True
+        self._start_args(name, tool_id)
+        self.mode = "args"
+        return True
 
     def _step_args(self) -> bool:
         """Stream the buffer into the arguments object; True once it ended (complete, or broken

@@ -15,7 +15,8 @@ turn, not the client's id: the tool_use ids are generated.
 
 from __future__ import annotations
 
-from smg.pipeline.parsers.tools.base import TEXT, ToolParser
+from smg.pipeline.parsers.tools.base import TEXT
+from smg.pipeline.parsers.tools.jsoncalls import JsonCallsParser
 
 START_ACTION = "<|START_ACTION|>"
 END_ACTION = "<|END_ACTION|>"
@@ -23,56 +24,23 @@ WRAPPERS = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_T
 NAME_KEYS = ("tool_name", "name")
 
 
-class CohereParser(ToolParser):
+class CohereParser(JsonCallsParser):
     name = "cohere"
     start_markers = (START_ACTION, *WRAPPERS)
+    block_end = END_ACTION
 
     def _open(self, marker: str) -> None:
         if marker == START_ACTION:
-            self.mode = "action"
+            self.mode = "head"
         else:  # a response wrapper: not text
             self._raw = []
 
     def _step_mode(self) -> bool:
-        mode = self.mode
-        if mode == "call" or mode == "item_call":
-            outcome = self._step_json()
-            if outcome is None:
-                return False
-            if outcome:
-                self.mode = "next" if mode == "item_call" else "end"
-            return True
+        if self.mode != "end":
+            return self._step_call_objects()
+        # "end": the action's closing marker
         if not self._skip_ws():
             return False
-        ch = self._buf[0]
-        if mode == "action":
-            if ch == "[":
-                self._consume(1)
-                self.mode = "item"
-            elif ch == "{":
-                self._start_json(NAME_KEYS)
-                self.mode = "call"
-            else:
-                self._broken()
-            return True
-        if mode == "item":
-            if ch != "{":
-                self._broken()
-                return True
-            self._start_json(NAME_KEYS)
-            self.mode = "item_call"
-            return True
-        if mode == "next":  # after an array element
-            if ch == ",":
-                self._consume(1)
-                self.mode = "item"
-            elif ch == "]":
-                self._consume(1)
-                self.mode = "end"
-            else:
-                self._broken()
-            return True
-        # "end": the action's closing marker
         found = self._expect(END_ACTION)
         if found == "":
             return False
@@ -82,7 +50,8 @@ class CohereParser(ToolParser):
             self._pending_end = END_ACTION
         return True
 
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = END_ACTION
-        self._fail()
+    def _new_call_object(self) -> None:
+        self._start_json(NAME_KEYS)
+
+    def _calls_done(self) -> None:
+        self.mode = "end"

@@ -33,6 +33,7 @@ JSON_FENCE = "```json"
 class DeepSeekV31Parser(ToolParser):
     name = "deepseek31"
     start_markers = (CALLS_BEGIN, CALL_BEGIN)
+    block_end = CALLS_END
     _name = ""  # of the call being read
 
     def _open(self, marker: str) -> None:
@@ -49,15 +50,10 @@ class DeepSeekV31Parser(ToolParser):
             return self._step_head()
         if mode == "name":
             return self._step_name()
+        if mode == "open_args":
+            return self._step_open_args(self._name)
         if not self._skip_ws():
             return False
-        if mode == "open_args":
-            if self._buf[0] != "{":
-                self._broken()
-                return True
-            self._start_args(self._name)
-            self.mode = "args"
-            return True
         if mode == "fence" or mode == "tail":
             # V3's code fence around the arguments.
             fence = JSON_FENCE if mode == "fence" else FENCE
@@ -72,18 +68,7 @@ class DeepSeekV31Parser(ToolParser):
             self.mode = "open_args" if mode == "fence" else "block"
             return True
         # "block": between calls
-        found = self._expect(CALL_BEGIN, CALLS_END, CALL_END)
-        if found == "":
-            return False
-        if found == CALL_BEGIN:
-            self.mode = "head"
-        elif found == CALLS_END:
-            self._end_block()
-        elif found == CALL_END and self._committed:
-            self._raw = []  # the finished call's closing marker
-        elif found is None:
-            self._broken()
-        return True
+        return self._step_between_calls(CALL_BEGIN, CALL_END, CALLS_END)
 
     def _step_head(self) -> bool:
         name = self._name_then(NAME, SEP)
@@ -98,11 +83,6 @@ class DeepSeekV31Parser(ToolParser):
 
     def _step_name(self) -> bool:
         return False
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = CALLS_END
-        self._fail()
 
 
 class DeepSeekV3Parser(DeepSeekV31Parser):

@@ -16,7 +16,8 @@ A call block that does not hold such an object — and a text-mode invocation
 from __future__ import annotations
 
 from smg.pipeline.parsers.tools import jsonstream as js
-from smg.pipeline.parsers.tools.base import TEXT, ToolParser, find_first
+from smg.pipeline.parsers.tools.base import TEXT, find_first
+from smg.pipeline.parsers.tools.jsoncalls import JsonCallsParser
 
 MESSAGE_MODEL = "<|message_model|>"
 TOOL_JSON = "<|content_invoke_tool_json|>"
@@ -33,7 +34,7 @@ _HEADER_LIMIT = 256
 _LONGEST_END = max(map(len, _HEADER_ENDS))
 
 
-class InklingParser(ToolParser):
+class InklingParser(JsonCallsParser):
     name = "inkling"
     start_markers = (MESSAGE_MODEL, TOOL_JSON, *_FRAMING)
 
@@ -47,39 +48,27 @@ class InklingParser(ToolParser):
             self.mode = TEXT
 
     def _step_mode(self) -> bool:
-        mode = self.mode
-        if mode == "call":
-            outcome = self._step_json()
-            if outcome is None:
-                return False
-            if outcome:
-                self.mode = TEXT
-            return True
-        if mode == "header":
-            i, end = find_first(self._buf, _HEADER_ENDS)
-            if i < 0 and len(self._buf) <= _HEADER_LIMIT + _LONGEST_END:
-                return False
-            if i < 0 or i > _HEADER_LIMIT:
-                self._fail()  # no header is this long: not TML framing after all
-                return True
-            if end == TOOL_JSON:
-                self._consume(i + len(end))
-                self.mode = "open"
-            elif end == MESSAGE_MODEL:
-                self._consume(i)  # an empty message: the next header starts here
-                self._raw = []
-                self.mode = TEXT
-            else:
-                self._consume(i + len(end))
-                self._raw = []  # a text or thinking message: its header is dropped
-                self.mode = TEXT
-            return True
-        # "open": after the call's content type
-        if not self._skip_ws():
+        if self.mode != "header":
+            return self._step_call_objects()
+        # "header": the author or tool name up to the content type
+        i, end = find_first(self._buf, _HEADER_ENDS)
+        if i < 0 and len(self._buf) <= _HEADER_LIMIT + _LONGEST_END:
             return False
-        if self._buf[0] != "{":
-            self._fail()
+        if i < 0 or i > _HEADER_LIMIT:
+            self._fail()  # no header is this long: not TML framing after all
             return True
-        self._json = js.JsonCall(args_keys=("args", "arguments"))
-        self.mode = "call"
+        if end == TOOL_JSON:
+            self._consume(i + len(end))
+            self.mode = "open"
+        elif end == MESSAGE_MODEL:
+            self._consume(i)  # an empty message: the next header starts here
+            self._raw = []
+            self.mode = TEXT
+        else:
+            self._consume(i + len(end))
+            self._raw = []  # a text or thinking message: its header is dropped
+            self.mode = TEXT
         return True
+
+    def _new_call_object(self) -> None:
+        self._json = js.JsonCall(args_keys=("args", "arguments"))

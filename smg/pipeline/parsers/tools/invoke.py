@@ -184,8 +184,3 @@ class InvokeParser(XmlCallParser):
             return {}
         self._consume(end + len(self.tag_end))
         return attrs
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = self.block_end
-        self._fail()

@@ -14,12 +14,20 @@ tool name. Objects that do not qualify stay text, whole.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from smg.pipeline.parsers.tools import jsonstream as js
-from smg.pipeline.parsers.tools.base import TEXT, IdFactory, ToolParser, Tools, tool_names
+from smg.pipeline.parsers.tools.base import IdFactory, Tools, tool_names
+from smg.pipeline.parsers.tools.jsoncalls import JsonCallsParser
 
 
-class BareJsonParser(ToolParser):
-    """Shared: the rule for marker-less call objects."""
+class BareJsonParser(JsonCallsParser):
+    """Shared: the rule for marker-less call objects, and where a format without its marker
+    looks for them."""
+
+    # What opens marker-less calls at the start of the output (or right after a call), if the
+    # format has them there: llama's object, sarashina's list.
+    bare_opener: ClassVar[str] = ""
 
     def __init__(self, tools: Tools | None = None, *, new_id: IdFactory | None = None) -> None:
         super().__init__(tools, new_id=new_id)
@@ -32,6 +40,30 @@ class BareJsonParser(ToolParser):
         assert call.name is not None
         return call.args_started and (not self._declared or call.name in self._declared)
 
+    def _step_text(self) -> bool:
+        if self.bare_opener and self._at_start and self._buf:
+            body = self._buf.lstrip(js.WHITESPACE + (self.separators if self._after_call else ""))
+            if not body:
+                self._text(self._buf)
+                self._buf = ""
+                return False
+            if body[0] == self.bare_opener:
+                self._text(self._buf[: len(self._buf) - len(body)])
+                self._buf = body[1:]
+                self._begin(self.bare_opener)
+                return True
+        return super()._step_text()
+
+    def _open_bare_object(self) -> None:
+        """A marker-less call object: its `{` is read again as the object's own."""
+        self._buf = "{" + self._buf
+        self._raw = []
+        self._start_json()
+        self.mode = "call"
+
+    def _step_mode(self) -> bool:
+        return self._step_call_objects()
+
 
 class JsonParser(BareJsonParser):
     name = "json"
@@ -41,42 +73,9 @@ class JsonParser(BareJsonParser):
     def _open(self, marker: str) -> None:
         self._bare = True
         if marker == "{":
-            self._buf = marker + self._buf
-            self._raw = []
-            self._start_json()
-            self.mode = "call"
+            self._open_bare_object()
         else:
             self.mode = "item"
-
-    def _step_mode(self) -> bool:
-        if self.mode == "call" or self.mode == "array":
-            outcome = self._step_json()
-            if outcome is None:
-                return False
-            if outcome:
-                self.mode = TEXT if self.mode == "call" else "next"
-            return True
-        if not self._skip_ws():
-            return False
-        ch = self._buf[0]
-        if self.mode == "item":
-            if ch != "{":
-                self._fail()
-                return True
-            self._start_json()
-            self.mode = "array"
-            return True
-        # "next": after an element
-        if ch == ",":
-            self._consume(1)
-            self.mode = "item"
-        elif ch == "]":
-            self._consume(1)
-            self._raw = []
-            self.mode = TEXT
-        else:
-            self._fail()
-        return True
 
 
 PYTHON_TAG = "<|python_tag|>"
@@ -86,44 +85,11 @@ class LlamaParser(BareJsonParser):
     name = "llama"
     start_markers = (PYTHON_TAG,)
     separators = ";"
-
-    def _step_text(self) -> bool:
-        if self._at_start and self._buf:
-            body = self._buf.lstrip(js.WHITESPACE + (self.separators if self._after_call else ""))
-            if not body:
-                self._text(self._buf)
-                self._buf = ""
-                return False
-            if body[0] == "{":
-                self._text(self._buf[: len(self._buf) - len(body)])
-                self._buf = body[1:]
-                self._begin("{")
-                return True
-        return super()._step_text()
+    bare_opener = "{"
 
     def _open(self, marker: str) -> None:
         self._bare = marker == "{"
         if marker == "{":
-            self._buf = marker + self._buf
-            self._raw = []
-            self._start_json()
-            self.mode = "call"
+            self._open_bare_object()
         else:
-            self.mode = "tag"
-
-    def _step_mode(self) -> bool:
-        if self.mode == "tag":
-            if not self._skip_ws():
-                return False
-            if self._buf[0] != "{":
-                self._fail()
-                return True
-            self._start_json()
-            self.mode = "call"
-            return True
-        outcome = self._step_json()
-        if outcome is None:
-            return False
-        if outcome:
-            self.mode = TEXT
-        return True
+            self.mode = "open"

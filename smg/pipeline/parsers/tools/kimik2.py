@@ -31,6 +31,7 @@ _ID_PARTS = re.compile(r"(?:functions\.)?([\w.\-]+):\d+")
 class KimiK2Parser(ToolParser):
     name = "kimik2"
     start_markers = (SECTION_BEGIN, SECTION_BEGIN_ALT, CALL_BEGIN)
+    block_end = SECTION_END
     _id = ""  # of the call being read
     _name = ""
 
@@ -55,30 +56,9 @@ class KimiK2Parser(ToolParser):
             self._id, self._name = call_id, match.group(1)
             self.mode = "open_args"
             return True
+        if mode == "open_args":
+            return self._step_open_args(self._name, self._id)
+        # "section": between calls
         if not self._skip_ws():
             return False
-        if mode == "open_args":
-            if self._buf[0] != "{":
-                self._broken()
-                return True
-            self._start_args(self._name, self._id)
-            self.mode = "args"
-            return True
-        # "section": between calls
-        found = self._expect(CALL_BEGIN, SECTION_END, SECTION_END_ALT, CALL_END)
-        if found == "":
-            return False
-        if found == CALL_BEGIN:
-            self.mode = "head"
-        elif found == SECTION_END or found == SECTION_END_ALT:
-            self._end_block()
-        elif found == CALL_END and self._committed:
-            self._raw = []  # the finished call's closing marker
-        elif found is None:
-            self._broken()
-        return True
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = SECTION_END
-        self._fail()
+        return self._step_between_calls(CALL_BEGIN, CALL_END, SECTION_END, SECTION_END_ALT)

@@ -14,7 +14,8 @@ Mistral's own 9-character ids, not the client's: the tool_use ids are generated.
 
 from __future__ import annotations
 
-from smg.pipeline.parsers.tools.base import TEXT, ToolParser
+from smg.pipeline.parsers.tools.base import TEXT
+from smg.pipeline.parsers.tools.jsoncalls import JsonCallsParser
 from smg.pipeline.parsers.tools.xmlish import NAME
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -22,7 +23,7 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 
 
-class MistralParser(ToolParser):
+class MistralParser(JsonCallsParser):
     name = "mistral"
     start_markers = (TOOL_CALLS,)
     _name = ""  # of the call being read (the one-call-per-marker form)
@@ -32,13 +33,6 @@ class MistralParser(ToolParser):
 
     def _step_mode(self) -> bool:
         mode = self.mode
-        if mode == "call" or mode == "item_call":
-            outcome = self._step_json()
-            if outcome is None:
-                return False
-            if outcome:
-                self.mode = "next" if mode == "item_call" else TEXT
-            return True
         if mode == "args":
             if not self._step_args():
                 return False
@@ -55,44 +49,12 @@ class MistralParser(ToolParser):
             else:
                 self.mode = "open_args"
             return True
-        if not self._skip_ws():
-            return False
-        ch = self._buf[0]
-        if mode == "head":
-            if ch == "[":
-                self._consume(1)
-                self.mode = "item"
-            elif ch == "{":
-                self._start_json()
-                self.mode = "call"
-            else:
-                self.mode = "name"
-            return True
         if mode == "open_args":
-            if ch != "{":
-                self._fail()
-                return True
-            self._start_args(self._name)
-            self.mode = "args"
-            return True
-        if mode == "item":
-            if ch != "{":
-                self._fail()
-                return True
-            self._start_json()
-            self.mode = "item_call"
-            return True
-        # "next": after an array element
-        if ch == ",":
-            self._consume(1)
-            self.mode = "item"
-        elif ch == "]":
-            self._consume(1)
-            self._raw = []
-            self.mode = TEXT
-        else:
-            self._fail()
-        return True
+            return self._step_open_args(self._name)
+        return self._step_call_objects()
+
+    def _head_other(self) -> None:
+        self.mode = "name"  # the one-call-per-marker form
 
     def _step_name(self) -> bool:
         match = NAME.match(self._buf)

@@ -13,14 +13,15 @@ and the closing tag is text.
 
 from __future__ import annotations
 
-from smg.pipeline.parsers.tools.base import TEXT, ToolParser
+from smg.pipeline.parsers.tools.base import TEXT
+from smg.pipeline.parsers.tools.jsoncalls import JsonCallsParser
 from smg.pipeline.parsers.tools.xmlish import XmlCallParser
 
 START = "<tool_call>"
 END = "</tool_call>"
 
 
-class QwenParser(ToolParser):
+class QwenParser(JsonCallsParser):
     name = "qwen"
     start_markers = (START,)
 
@@ -28,22 +29,11 @@ class QwenParser(ToolParser):
         self.mode = "open"
 
     def _step_mode(self) -> bool:
-        if self.mode == "open":
-            if not self._skip_ws():
-                return False
-            if self._buf[0] != "{":
-                self._fail()
-                return True
-            self._start_json()
-            self.mode = "call"
-            return True
-        outcome = self._step_json()
-        if outcome is None:
-            return False
-        if outcome:
-            self.mode = TEXT
-            self._pending_end = END
-        return True
+        return self._step_call_objects()
+
+    def _calls_done(self) -> None:
+        super()._calls_done()
+        self._pending_end = END
 
 
 FUNCTION = "<function="

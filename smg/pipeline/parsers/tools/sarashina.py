@@ -14,8 +14,6 @@ only once it has shown its arguments and — when the request declared tools —
 
 from __future__ import annotations
 
-from smg.pipeline.parsers.tools import jsonstream as js
-from smg.pipeline.parsers.tools.base import TEXT
 from smg.pipeline.parsers.tools.jsonish import BareJsonParser
 from smg.pipeline.parsers.tools.pyliteral import PyLiteralCall
 
@@ -26,62 +24,11 @@ LIST = "["  # the bare list at the start
 class SarashinaParser(BareJsonParser):
     name = "sarashina"
     start_markers = (TOOL_CALLS,)
-
-    def _step_text(self) -> bool:
-        if self._at_start and self._buf:
-            body = self._buf.lstrip(js.WHITESPACE)
-            if not body:
-                self._text(self._buf)
-                self._buf = ""
-                return False
-            if body[0] == LIST:
-                self._text(self._buf[: len(self._buf) - len(body)])
-                self._buf = body[1:]
-                self._begin(LIST)
-                return True
-        return super()._step_text()
+    bare_opener = LIST
 
     def _open(self, marker: str) -> None:
         self._bare = marker == LIST
         self.mode = "item" if self._bare else "head"
 
-    def _step_mode(self) -> bool:
-        mode = self.mode
-        if mode == "call" or mode == "array":
-            outcome = self._step_json()
-            if outcome is None:
-                return False
-            if outcome:
-                self.mode = TEXT if mode == "call" else "next"
-            return True
-        if not self._skip_ws():
-            return False
-        ch = self._buf[0]
-        if mode == "head":
-            if ch == LIST:
-                self._consume(1)
-                self.mode = "item"
-            elif ch == "{":
-                self._json = PyLiteralCall()
-                self.mode = "call"
-            else:
-                self._fail()
-            return True
-        if mode == "item":
-            if ch != "{":
-                self._fail()
-                return True
-            self._json = PyLiteralCall()
-            self.mode = "array"
-            return True
-        # "next": after an element
-        if ch == ",":
-            self._consume(1)
-            self.mode = "item"
-        elif ch == "]":
-            self._consume(1)
-            self._raw = []
-            self.mode = TEXT
-        else:
-            self._fail()
-        return True
+    def _new_call_object(self) -> None:
+        self._json = PyLiteralCall()

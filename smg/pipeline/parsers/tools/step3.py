@@ -102,8 +102,3 @@ class Step3Parser(XmlCallParser):
         else:
             self._broken()
         return True
-
-    def _broken(self) -> None:
-        if self._committed:
-            self._pending_end = CALLS_END
-        self._fail()

@@ -39,8 +39,6 @@ class XmlCallParser(ToolParser):
     value_ends: tuple[str, ...] = ()
     stream_strings = True
     after_value = "params"
-    # The closing marker of the format's call block, dropped if it follows a call cut short.
-    block_end = ""
     # A value written bare takes a newline it ends with, CRLF included, for the template's (as
     # `values.strip_newlines` does for a whole value); a format whose template writes its own
     # "\n" around every value gives up exactly that one character.
