@@ -12,7 +12,7 @@ any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.medi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from journal.events import Event
@@ -45,10 +45,17 @@ class Front:
     """Prepares requests for one connector (`backend`: its journal name)."""
 
     def __init__(
-        self, config: GatewayConfig, workers: EngineWorkers, backend: str, *, image_runtimes: frozenset[str]
+        self,
+        config: GatewayConfig,
+        workers: EngineWorkers,
+        backend: str,
+        *,
+        image_runtimes: frozenset[str],
+        sends_images: Callable[[ImageProcessor], bool] | None = None,
     ) -> None:
         self._config = config
         self._image_runtimes = image_runtimes  # the runtimes whose requests this connector sends images on
+        self._sends_images = sends_images  # the families it sends (unset: every one with a processor)
         self._workers = workers
         self._backend = backend
         self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
@@ -118,7 +125,9 @@ class Front:
                 self._vision = processor_for(self._config.model_path)
             except ApiError:
                 self._no_vision = True
-        return self._vision is not None
+        if self._vision is None:
+            return False
+        return self._sends_images is None or self._sends_images(self._vision)
 
     def _vision_processor(self) -> ImageProcessor:
         if self._vision is None:
