@@ -29,10 +29,12 @@ QWEN2VL = FIXTURES / "qwen2vl"
 BF16_RTOL = 2.0**-8  # the scripted engine says its dtype is bfloat16: pixels are sent rounded to it
 
 
-def deploy(directory: Path, journal: Path, runtime: str) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
+def deploy(
+    directory: Path, journal: Path, runtime: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
     path = directory / "w0"
     gateway = spawn_gateway(
-        [f"ipc://{path}"], journal=journal,
+        [f"ipc://{path}"], journal=journal, env=env,
         extra=["--backend", runtime, "--model-path", str(QWEN2VL), "--model-alias", f"vl-fixture={QWEN2VL}"],
     )
     engine = None
@@ -175,4 +177,34 @@ def test_images_on_a_tokenspeed_pool_are_not_supported(
     assert reply.json()["type"] == "error"
     assert control.received() == []
     events = wait_for_events(journal, reply.headers["x-request-id"])
+    assert [e.kind for e in events][-2:] == ["error", "completed"]
+
+
+@pytest.fixture(scope="module")
+def raised_limit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
+    journal = tmp_path_factory.mktemp("zmq-image-limit") / "journal.db"
+    yield from deploy(socket_dir(), journal, "vllm", env={"SMG_IMAGE_MAX_COUNT": "12"})
+
+
+def test_smg_image_max_count_replaces_the_familys_limit(
+    raised_limit: tuple[httpx.Client, EngineControl, Path],
+) -> None:
+    client, control, journal = raised_limit
+    control.reset()
+    control.script({"text": "ok", "repeat": True})
+
+    def ask(count: int) -> httpx.Response:
+        content = [image_block(TALL)] * count + [{"type": "text", "text": "?"}]
+        return client.post("/v1/messages", json={**body(), "messages": [{"role": "user", "content": content}]})
+
+    taken = ask(11)  # Qwen-VL's own limit is 10
+    assert taken.status_code == 200, taken.text
+    (received,) = control.received()
+    assert len(received["mm_features"]) == 11
+    refused = ask(13)
+    assert refused.status_code == 400, refused.text
+    assert refused.headers["x-smg-error-code"] == "invalid_multimodal_request"
+    assert "at most 12 image inputs; got 13" in refused.json()["error"]["message"]
+    assert len(control.received()) == 1
+    events = wait_for_events(journal, refused.headers["x-request-id"])
     assert [e.kind for e in events][-2:] == ["error", "completed"]

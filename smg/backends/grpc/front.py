@@ -102,7 +102,7 @@ class Front:
         if blocks:
             processor = self._vision_processor()
             if len(blocks) <= self._config.media.max_items:  # past it, `load_images` refuses first
-                check_count(processor, len(blocks))
+                check_count(processor, len(blocks), self._config.media.image_limit)
             media = await load_images(self._media, blocks, self._config.media)
             ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
