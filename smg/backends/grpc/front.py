@@ -3,10 +3,10 @@
 For each request (the router has checked that the model is served): its tokenizer (waited for
 while it loads), the refusals of what the engine path cannot serve, the conversation rendered
 (a long one on a thread) and tokenized; count_tokens and `max_tokens: 0` are answered here
-without a worker. A generation on a pool that serves images (SGLang and vLLM workers, an EPD
-deployment) has its images fetched and preprocessed here by the model's family processor, before
-any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`,
-`smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
+without a worker. A generation on a pool that serves images (SGLang and vLLM workers, vLLM ZMQ
+workers for the families their connector sends, an EPD deployment) has its images fetched and
+preprocessed here by the model's family processor, before any worker is chosen, and its prompt's
+placeholders expanded (`smg.pipeline.media`, `smg.pipeline.vision`). What is decided is `smg.pipeline.prepare`'s.
 """
 
 from __future__ import annotations
