@@ -75,6 +75,11 @@ for key in request.mm_features[0].data:
     elems = [f.data[key] for f in request.mm_features]
     joined = elems[0].field.reduce_data(elems)
     out["batched"][key] = {"shape": list(joined.shape), "values": joined.float().flatten().tolist()}
+# The gateway's float32 pixels rounded by torch itself: the bfloat16 the engine got must be these bits.
+import numpy, torch
+f32 = torch.from_numpy(numpy.fromfile(sys.argv[2], dtype="<f4").copy())
+joined = torch.cat([f.data["pixel_values"].data.flatten() for f in request.mm_features])
+out["bf16_as_torch_rounds"] = bool(torch.equal(joined.view(torch.int16), f32.to(torch.bfloat16).view(torch.int16)))
 print(json.dumps(out))
 """
 
@@ -102,9 +107,13 @@ def test_vllms_own_decoder_reads_the_gateways_frames(model_dir: Path, tmp_path: 
     ids, items = expand([1, IMAGE_TOKEN, 5, IMAGE_TOKEN, 7], processor, images)
     mm, aux = features.mm_features(ids, items, "torch.bfloat16")
     payload = wire.add_request("req-1", ids, {"max_tokens": 4}, mm)
+    frames = tmp_path / "frames"
+    frames.mkdir()
     for i, frame in enumerate([payload, *aux]):
-        (tmp_path / f"{i:03d}").write_bytes(frame)
-    done = subprocess.run([os.environ[PYTHON_ENV], "-c", DECODE, str(tmp_path)], capture_output=True, timeout=300)
+        (frames / f"{i:03d}").write_bytes(frame)
+    (tmp_path / "pixels.f32").write_bytes(b"".join(item.pixel_values.data for item in items))
+    command = [os.environ[PYTHON_ENV], "-c", DECODE, str(frames), str(tmp_path / "pixels.f32")]
+    done = subprocess.run(command, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     decoded = json.loads(done.stdout.decode().strip().splitlines()[-1])
     pixels, patches = reference(model_dir)
@@ -124,6 +133,7 @@ def test_vllms_own_decoder_reads_the_gateways_frames(model_dir: Path, tmp_path: 
     assert batched["pixel_values"]["shape"] == [sum(patches), 1176]
     joined = np.asarray(batched["pixel_values"]["values"]).reshape(sum(patches), 1176)
     assert np.allclose(joined, pixels, rtol=BF16_RTOL, atol=1e-6)
+    assert decoded["bf16_as_torch_rounds"]
 
 
 @dataclass
