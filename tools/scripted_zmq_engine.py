@@ -13,7 +13,9 @@ as it kills vLLM. An ABORT is recorded and stops the request's outputs, never ac
 
 Tests steer it with the scripted gRPC engine's control service (`tools.engine_control`) on
 `--control-port`: `Script`, `Received` (every ADD as a dict: the `EngineCoreRequest` fields by
-name, and `fields`, the array's length), `Aborts`, `Release`, `Reset`, and `Die` (send
+name, `fields`, the array's length, and `frames`, the ADD's frames after its type; `mm_features`
+decoded as EngineCore decodes them, each tensor's numbers read from its inline data or its
+frame, an undecodable one killing the engine as it kills vLLM), `Aborts`, `Release`, `Reset`, and `Die` (send
 `ENGINE_CORE_DEAD` and exit). Scripts are the gRPC engine's (`text`/`token_ids`, `eos`,
 `chunk_size`, `delay_ms`, `hold_after`, `when_prompt_contains`, `repeat`); `error` means the
 engine dies once `after_tokens` tokens were sent (`ENGINE_CORE_DEAD`, then exit); `exit_after`
@@ -95,6 +97,42 @@ FINISH_CODES = {"stop": STOP, "length": LENGTH, "abort": 2, "error": 3}  # vLLM'
 def _pack(value: Any) -> bytes:
     data: bytes = msgpack.packb(value, use_bin_type=True)
     return data
+
+
+def _tensor(value: Any, frames: list[bytes]) -> dict[str, Any]:
+    """A `[dtype, shape, data]` tensor of vLLM's msgpack encoding, its data inline (ext type 3)
+    or the index of its frame, as numbers (bfloat16 widened to float32)."""
+    import numpy as np
+
+    dtype, shape, data = value
+    if isinstance(data, msgpack.ExtType):
+        if data.code != 3:
+            raise ValueError(f"a tensor's inline data is ext type 3, not {data.code}")
+        raw = data.data
+    elif isinstance(data, int) and 0 < data < len(frames):
+        raw = frames[data]
+    else:
+        raise ValueError(f"a tensor names frame {data!r} of {len(frames)}")
+    if dtype == "bfloat16":
+        array = (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).view("<f4")
+    else:
+        array = np.frombuffer(raw, dtype={"float32": "<f4", "float16": "<f2", "int64": "<i8", "bool": "?"}[dtype])
+    return {"dtype": dtype, "shape": list(shape), "values": array.reshape(shape).tolist()}
+
+
+def _features(raw: Any, frames: list[bytes]) -> list[dict[str, Any]] | None:
+    """`mm_features` as the engine decoded them: every tensor's numbers, every field."""
+    if raw is None:
+        return None
+    out = []
+    for feature in raw:
+        position = dict(feature["mm_position"])
+        if position.get("is_embed") is not None:
+            position["is_embed"] = _tensor(position["is_embed"], frames)["values"]
+        elems = (feature["data"] or {}).items()
+        data = {key: {**_tensor(elem["data"], frames), "field": elem["field"]} for key, elem in elems}
+        out.append({**feature, "mm_position": position, "data": data})
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -239,8 +277,8 @@ class ZmqEngine:
                 return script
         return self.default or Script()
 
-    async def add(self, payload: bytes) -> None:
-        fields = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    async def add(self, frames: list[bytes]) -> None:
+        fields = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
         if self.runtime == "tokenspeed":
             if fields[0] != TOKENSPEED_REQUEST:
                 await self.die(f"not a {TOKENSPEED_REQUEST}: {fields[0]!r}")
@@ -254,6 +292,12 @@ class ZmqEngine:
         else:
             record = {name: fields[i] for i, name in enumerate(REQUEST_FIELDS) if i < len(fields)}
             record["fields"] = len(fields)
+            try:
+                record["mm_features"] = _features(record.get("mm_features"), frames)
+            except (ValueError, KeyError, TypeError) as exc:
+                await self.die(f"undecodable mm_features: {exc}")  # EngineCore's decoder raises, and it dies
+                return
+            record["frames"] = len(frames)
             self.received.append(record)
             request_id = fields[0]
             prompt = fields[1] or []
@@ -391,7 +435,7 @@ async def serve_engine(context: zmq.asyncio.Context, engine: ZmqEngine, address:
         frames = await inputs.recv_multipart()
         kind, payload = frames[0], frames[1] if len(frames) > 1 else b""
         if kind == b"\x00":
-            await engine.add(payload)
+            await engine.add(frames[1:])
         elif kind == b"\x01":
             engine.abort(payload)
 

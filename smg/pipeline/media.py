@@ -44,11 +44,36 @@ class MediaConfig:
     max_items: int = field(
         default=100, metadata=option("--media-max-items", "Images one request may carry; more are refused.")
     )
+    image_limit: int | None = field(
+        default=None,
+        metadata=option(
+            "--mm-per-request-image-limit",
+            "Images one request may carry for every model family, replacing each family's own limit "
+            "(unset or 0: the family's).",
+            envvar="SMG_IMAGE_MAX_COUNT",
+            takes="str",
+            parse=lambda value: _image_limit(value),
+        ),
+    )
 
     def check(self) -> None:
         """Raises `ValueError` for limits that cannot work."""
         if self.fetch_timeout_secs <= 0 or self.fetch_max_bytes <= 0 or self.max_items <= 0:
             raise ValueError("--media-fetch-timeout-secs, --media-fetch-max-bytes, --media-max-items: each above 0")
+
+
+def _image_limit(value: str | None) -> int | None:
+    """The reference gateway's rule for `SMG_IMAGE_MAX_COUNT`: unset, empty or zero leave each
+    family's limit; anything but a count is refused at start."""
+    if value is None or not str(value).strip():
+        return None
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"--mm-per-request-image-limit / SMG_IMAGE_MAX_COUNT takes a count, not {value!r}") from None
+    if count < 0:
+        raise ValueError(f"--mm-per-request-image-limit / SMG_IMAGE_MAX_COUNT takes a count, not {value!r}")
+    return count or None
 
 
 def processing_failed(message: str) -> ApiError:

@@ -100,6 +100,7 @@ def test_multi_value_flags_take_several_values_after_one_flag() -> None:
         (["--worker-urls", "http://127.0.0.1:1", "--enable-trace", "--otlp-traces-endpoint", "nohost"], "HOST:PORT"),
         (["--worker-urls", "http://127.0.0.1:1", "--fetch-allow", "10.0.0.0/8", "localhost"], "takes CIDR ranges"),
         (["--worker-urls", "http://127.0.0.1:1", "--media-max-items", "0"], "--media-max-items"),
+        (["--worker-urls", "http://127.0.0.1:1", "--mm-per-request-image-limit", "many"], "takes a count"),
     ],
 )
 def test_launch_refuses_clearly(args: list[str], needle: str) -> None:

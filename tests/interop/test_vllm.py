@@ -68,6 +68,7 @@ def start_vllm(
     served_name: str = MODEL,
     window: int = WINDOW,
     env: dict[str, str] | None = None,
+    timeout: float = ENGINE_START_TIMEOUT,
 ) -> Spawned:
     """vLLM's gRPC server on a free port, in its own process group, once HealthCheck says healthy
     (`env`: variables added to the engine's environment)."""
@@ -112,13 +113,13 @@ def start_vllm(
             start_new_session=True,
         )
     engine = Spawned(proc, f"grpc://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT
+    deadline = time.monotonic() + timeout
     try:
         while not _engine_healthy(f"127.0.0.1:{port}"):
             if proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {proc.returncode} before serving:\n{engine.log()[-4000:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not serve within {ENGINE_START_TIMEOUT:g}s:\n{engine.log()[-4000:]}")
+                raise RuntimeError(f"vLLM did not serve within {timeout:g}s:\n{engine.log()[-4000:]}")
             time.sleep(0.5)
     except BaseException:
         engine.stop(timeout=15.0)

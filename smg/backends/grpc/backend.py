@@ -15,7 +15,7 @@ ZMQ one in `smg.backends.zmq.connector`) and a name, the journal's backend name.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from journal.events import Event
 from smg.backends.base import Attempts, Call, Discovery, Target, WorkerUnreachable
@@ -31,6 +31,7 @@ from smg.config import GatewayConfig
 from smg.pipeline.prepare import Prepared, check_window
 from smg.pipeline.session import Session
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
+from smg.pipeline.vision import ImageProcessor
 
 log = logging.getLogger("smg.grpc")
 
@@ -62,11 +63,12 @@ class EngineConnector:
         clients: ClientFactory = grpc_clients,
         live_loads: bool = False,
         image_runtimes: frozenset[str] = IMAGE_RUNTIMES,
+        sends_images: Callable[[ImageProcessor], bool] | None = None,
     ) -> None:
         self.name = name
         self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
         self.workers = EngineWorkers(config, self.tokenizers, clients, live_loads=live_loads)
-        self.front = Front(config, self.workers, name, image_runtimes=image_runtimes)
+        self.front = Front(config, self.workers, name, image_runtimes=image_runtimes, sends_images=sends_images)
         self.calls = EngineCalls()
 
     # lifecycle

@@ -4,16 +4,17 @@ For each request (the router has checked that the model is served): its tokenize
 while it loads), the refusals of what the engine path cannot serve, the conversation rendered
 (a long one on a thread) and tokenized; count_tokens and `max_tokens: 0` are answered here
 without a worker. A generation on a pool that serves images (SGLang, vLLM and TRT-LLM workers,
-an EPD deployment) has its images fetched and preprocessed here by the model's family processor,
-before any worker is chosen, and its prompt's placeholders expanded (`smg.pipeline.media`,
-`smg.pipeline.vision`); their bytes are kept as well when a TRT-LLM worker may take the request.
-What is decided is `smg.pipeline.prepare`'s.
+vLLM ZMQ workers for the families their connector sends, an EPD deployment) has its images
+fetched and preprocessed here by the model's family processor, before any worker is chosen, and
+its prompt's placeholders expanded (`smg.pipeline.media`, `smg.pipeline.vision`); their bytes are
+kept as well when a TRT-LLM worker may take the request. What is decided is
+`smg.pipeline.prepare`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from journal.events import Event
@@ -46,10 +47,17 @@ class Front:
     """Prepares requests for one connector (`backend`: its journal name)."""
 
     def __init__(
-        self, config: GatewayConfig, workers: EngineWorkers, backend: str, *, image_runtimes: frozenset[str]
+        self,
+        config: GatewayConfig,
+        workers: EngineWorkers,
+        backend: str,
+        *,
+        image_runtimes: frozenset[str],
+        sends_images: Callable[[ImageProcessor], bool] | None = None,
     ) -> None:
         self._config = config
         self._image_runtimes = image_runtimes  # the runtimes whose requests this connector sends images on
+        self._sends_images = sends_images  # the families it sends (unset: every one with a processor)
         self._workers = workers
         self._backend = backend
         self._media = Fetcher(config.fetch.policy())  # fetches image URLs (EPD)
@@ -97,7 +105,7 @@ class Front:
         if blocks:
             processor = self._vision_processor()
             if len(blocks) <= self._config.media.max_items:  # past it, `load_images` refuses first
-                check_count(processor, len(blocks))
+                check_count(processor, len(blocks), self._config.media.image_limit)
             media = await load_images(self._media, blocks, self._config.media)
             ids, images = await asyncio.to_thread(expand, prompt.ids, processor, media)
             prompt = replace(prompt, ids=ids)
@@ -123,7 +131,9 @@ class Front:
                 self._vision = processor_for(self._config.model_path)
             except ApiError:
                 self._no_vision = True
-        return self._vision is not None
+        if self._vision is None:
+            return False
+        return self._sends_images is None or self._sends_images(self._vision)
 
     def _vision_processor(self) -> ImageProcessor:
         if self._vision is None:

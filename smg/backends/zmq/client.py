@@ -8,6 +8,7 @@ from the model directory's `config.json` / `generation_config.json` (the connect
 tokenizer's EOS ids). The engine trusts its frontend (an over-long prompt or an
 out-of-vocabulary id kills it), so the connector checks the window and this client the
 vocabulary before anything is sent. Stop strings are never sent: the gateway matches them.
+A prompt's images go as the ADD's `mm_features`, their tensors in frames after it (`features`).
 Outputs are per-step deltas whatever `stream` says; a streamed or not, the pipeline sees
 `EngineChunk`s with running totals and one `EngineDone`.
 """
@@ -29,7 +30,7 @@ from smg.backends.grpc.types import (
     EngineLoad,
     GenerateCall,
 )
-from smg.backends.zmq import tokenspeed, wire
+from smg.backends.zmq import features, tokenspeed, wire
 from smg.backends.zmq.addresses import DEFAULT_IPC_DIRS, zmq_addresses
 from smg.backends.zmq.transport import Transport
 
@@ -130,7 +131,8 @@ class ZmqEngineClient:
         return EngineLoad(running_requests=running, waiting_requests=waiting, token_usage=usage,
                           dp_ranks=self.transport.engine_count)
 
-    def _payload(self, call: GenerateCall, window: int | None) -> bytes:
+    def _payload(self, call: GenerateCall, window: int | None, engine_dtype: str = "") -> tuple[bytes, list[bytes]]:
+        """The ADD's payload and the aux frames its image tensors travel in."""
         if not call.input_ids:
             raise EngineError("INVALID_ARGUMENT", "The decoder prompt cannot be empty")
         if self.vocab_size is not None:
@@ -159,7 +161,9 @@ class ZmqEngineClient:
                 stop_token_ids=call.stop_token_ids,
                 constraint=call.constraint,
             )
-            return tokenspeed.add_request(call.request_id, call.input_ids, native)
+            if call.images:
+                raise EngineError("INVALID_ARGUMENT", "TokenSpeed's ZMQ requests carry no images")
+            return tokenspeed.add_request(call.request_id, call.input_ids, native), []
         params = wire.sampling_params(
             max_tokens=max(1, max_tokens or 1),
             temperature=call.temperature,
@@ -171,12 +175,15 @@ class ZmqEngineClient:
             eos_token_ids=list(dict.fromkeys([*self.eos_token_ids, *call.eos_token_ids])),
             structured=wire.structured_outputs(*call.constraint) if call.constraint is not None else None,
         )
-        return wire.add_request(call.request_id, call.input_ids, params)
+        if not call.images:
+            return wire.add_request(call.request_id, call.input_ids, params), []
+        mm, aux = features.mm_features(call.input_ids, call.images, engine_dtype)
+        return wire.add_request(call.request_id, call.input_ids, params, mm), aux
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[EngineEvent]:
         transport = self._serving()
-        payload = self._payload(call, transport.max_model_len)
-        queue = await transport.submit(call.request_id, payload)
+        payload, aux = self._payload(call, transport.max_model_len, transport.engine_dtype)
+        queue = await transport.submit(call.request_id, payload, aux)
         prompt = len(call.input_ids)
         total = 0
         ended = False  # the engine finished the request or failed it

@@ -1,10 +1,12 @@
-"""The engine connector for ZMQ workers: the gRPC path's pipeline with ZMQ clients (`name = "zmq"`)."""
+"""The engine connector for ZMQ workers: the gRPC path's pipeline with ZMQ clients (`name = "zmq"`);
+vLLM pools take images of the families `features` lays out."""
 
 from __future__ import annotations
 
 from smg.backends.base import Target, WorkerUnreachable
 from smg.backends.grpc.backend import EngineConnector
 from smg.backends.grpc.types import EngineClient
+from smg.backends.zmq import features
 from smg.backends.zmq.client import ZmqEngineClient
 from smg.config import GatewayConfig
 from smg.pipeline.tokenizers.registry import TokenizerRegistry
@@ -29,5 +31,14 @@ def zmq_connector(config: GatewayConfig, tokenizers: TokenizerRegistry | None = 
             raise WorkerUnreachable(str(exc)) from None
         return runtime, client
 
-    # The ZMQ clients send no multimodal features yet: a ZMQ pool refuses images.
-    return EngineConnector(config, tokenizers, name="zmq", clients=clients, live_loads=True, image_runtimes=frozenset())
+    # vLLM's EngineCoreRequest carries the images as `mm_features`, for the families whose layout
+    # `features` knows; TokenSpeed's request has no such field, so its pools refuse images.
+    return EngineConnector(
+        config,
+        tokenizers,
+        name="zmq",
+        clients=clients,
+        live_loads=True,
+        image_runtimes=frozenset({"vllm"}),
+        sends_images=features.sends_images,
+    )

@@ -173,8 +173,14 @@ class Transport:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def submit(self, request_id: str, payload: bytes) -> asyncio.Queue[Delivery]:
-        """Send an ADD to the least busy engine; the queue receives the request's outputs."""
+    @property
+    def engine_dtype(self) -> str:
+        """The engines' model dtype as their ready responses name it (`torch.bfloat16`)."""
+        return next((e.ready.dtype for e in self.engines.values() if e.ready is not None), "")
+
+    async def submit(self, request_id: str, payload: bytes, aux: Sequence[bytes] = ()) -> asyncio.Queue[Delivery]:
+        """Send an ADD (its tensors' `aux` frames after the payload) to the least busy engine;
+        the queue receives the request's outputs."""
         if not self.serving or self._input is None:
             raise EngineError("UNAVAILABLE", self.waiting_reason())
         if request_id in self._requests:
@@ -184,7 +190,7 @@ class Transport:
         self._requests[request_id] = queue
         self._owners[request_id] = engine.identity
         try:
-            await self._input.send_multipart([engine.identity, wire.ADD, payload])
+            await self._input.send_multipart([engine.identity, wire.ADD, payload, *aux])
         except zmq.ZMQError as exc:
             self._requests.pop(request_id, None)
             self._owners.pop(request_id, None)

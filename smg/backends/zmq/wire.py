@@ -157,11 +157,13 @@ def sampling_params(
     return params
 
 
-def add_request(request_id: str, prompt_token_ids: list[int], params: dict[str, Any]) -> bytes:
-    """`EngineCoreRequest`'s nine required fields: request_id, prompt_token_ids, mm_features,
-    sampling_params, pooling_params, arrival_time, lora_request, cache_salt, data_parallel_rank
-    (the defaulted ones after them are left off)."""
-    return pack([request_id, prompt_token_ids, None, params, None, time.time(), None, None, None])
+def add_request(
+    request_id: str, prompt_token_ids: list[int], params: dict[str, Any], mm_features: list[Any] | None = None
+) -> bytes:
+    """`EngineCoreRequest`'s nine required fields: request_id, prompt_token_ids, mm_features
+    (`smg.backends.zmq.features`), sampling_params, pooling_params, arrival_time, lora_request,
+    cache_salt, data_parallel_rank (the defaulted ones after them are left off)."""
+    return pack([request_id, prompt_token_ids, mm_features, params, None, time.time(), None, None, None])
 
 
 def abort_request(request_ids: list[str]) -> bytes:

@@ -14,10 +14,11 @@ from smg.pipeline.vision.base import ImageProcessor, VisionItem
 from smg.protocol.errors import ApiError
 
 
-def check_count(processor: ImageProcessor, count: int) -> None:
-    """Refuse more images than the family takes, before any is fetched (400
+def check_count(processor: ImageProcessor, count: int, limit: int | None = None) -> None:
+    """Refuse more images than the family takes (`limit`, when set, instead of the family's own:
+    `--mm-per-request-image-limit` / `SMG_IMAGE_MAX_COUNT`), before any is fetched (400
     `invalid_multimodal_request`)."""
-    most = processor.max_images
+    most = limit if limit is not None else processor.max_images
     if most is not None and count > most:
         raise ApiError(
             400,
