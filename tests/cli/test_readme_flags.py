@@ -1,6 +1,7 @@
 """The README documents the `smg` program as the code declares it: every command, every flag
 and alias (a `smg launch` flag in a table row, a subcommand's in its command's section), the
-defaults its rows state, no row for a flag that is gone, and every file path it names."""
+defaults its rows state, no row for a flag that is gone, every file path it names and every
+make target."""
 
 from __future__ import annotations
 
@@ -88,6 +89,13 @@ def _table_rows() -> list[Row]:
 
 ROWS = _table_rows()
 _FLAG = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
+
+
+def test_every_make_target_is_in_the_readme() -> None:
+    phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert phony is not None
+    missing = [t for t in phony.group(1).split() if not re.search(rf"make {re.escape(t)}(?![\w-])", README)]
+    assert not missing, f"make targets the README does not name: {missing}"
 
 
 def _launch_rows() -> list[Row]:
