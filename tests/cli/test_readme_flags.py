@@ -157,6 +157,33 @@ def test_every_flag_a_row_names_exists() -> None:
     assert not gone, f"README rows naming flags that do not exist: {gone}"
 
 
+# Flags of other programs the README shows in commands: vLLM's (a ZMQ engine dialling the gateway), pip's.
+_OTHER_PROGRAMS = {
+    "--headless",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-size",
+    "--data-parallel-size-local",
+    "--no-deps",
+}
+
+
+def test_every_flag_the_readme_names_anywhere_exists() -> None:
+    """Prose too: a flag is one of `smg`'s, refused by name (`NOT_YET`), a tool's or another program's."""
+    from smg.cli.main import NOT_YET
+
+    tools = {
+        flag
+        for source in (ROOT / "tools").rglob("*.py")
+        for flag in re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source.read_text(encoding="utf-8"))
+    }
+    known = {o for c in COMMANDS.values() for names in _options(c) for o in names} | set(NOT_YET) | tools
+    # `--retry-*` is a family of flags, not one.
+    named = {f for f in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", README) if not f.endswith("-")}
+    unknown = sorted(named - known - _OTHER_PROGRAMS)
+    assert not unknown, f"flags the README names that nothing declares: {unknown}"
+
+
 def _number(text: str) -> float | None:
     text = text.replace(",", "")
     power = re.fullmatch(r"(\d+)([⁰¹²³⁴⁵⁶⁷⁸⁹]+)", text)
