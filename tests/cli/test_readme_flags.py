@@ -114,6 +114,10 @@ def test_every_launch_flag_and_alias_has_a_row() -> None:
     ]
     missing = [name for name in declared if name not in in_rows]
     assert not missing, f"`smg launch` flags without a README row: {missing}"
+    rows = "\n".join(" | ".join(r.cells) for r in _launch_rows())
+    envvars = [f.metadata["envvar"] for cls in _SETTINGS for f in flagged(cls) if f.metadata["envvar"]]
+    unnamed = [v for v in envvars if f"${v}" not in rows]
+    assert not unnamed, f"environment variables of `smg launch` flags their rows do not name: {unnamed}"
 
 
 @pytest.mark.parametrize("name", [n for n in COMMANDS if n != "smg launch"])
@@ -132,6 +136,9 @@ def test_every_subcommand_option_is_in_its_commands_section(name: str) -> None:
         if not re.search(rf"`[^`]*(?<![\w-]){re.escape(opt)}(?![\w-])", text)
     ]
     assert not missing, f"{name}: options its README section ({SECTIONS[group]}) does not name: {missing}"
+    envvars = [v for p in COMMANDS[name].params for v in ([p.envvar] if isinstance(p.envvar, str) else p.envvar or [])]
+    unnamed = [v for v in envvars if f"${v}" not in text]
+    assert not unnamed, f"{name}: environment variables its README section does not name: {unnamed}"
 
 
 def _row_command(row: Row) -> str:
