@@ -288,4 +288,6 @@ def test_every_path_the_readme_names_exists() -> None:
         rest = parts[depth:]
         if module is None or (rest and not re.search(rf"\b{re.escape(rest[0])}\b", module.read_text(encoding="utf-8"))):
             missing.append(dotted)
+    sources = {f.name for top in _TOP[:-1] for f in (ROOT / top).rglob("*.py")}
+    missing += [name for name in re.findall(r"`(\w+\.py)`", README) if name not in sources]
     assert not missing, f"paths and modules the README names that do not exist: {missing}"
