@@ -16,8 +16,6 @@ from smg.cli.options import build_component, flagged, param_name
 from smg.config import GatewayConfig, ProcessConfig
 from smg.routing.policies import PolicyConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 def _launch() -> Any:
     """The click command typer builds for `smg launch`."""
@@ -139,9 +137,3 @@ def test_environment_variables_fill_their_settings(monkeypatch: pytest.MonkeyPat
 def test_a_flag_that_cannot_be_parsed_is_refused_by_name(args: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         build_component(GatewayConfig, _parsed(args))
-
-
-def test_every_flag_has_a_row_in_the_readme() -> None:
-    table = README.read_text(encoding="utf-8")
-    missing = [f.metadata["flag"] for _, f in _declared() if f"`{f.metadata['flag']}" not in table]
-    assert not missing, f"flags without a README row: {missing}"
