@@ -18,6 +18,7 @@ import pytest
 
 from journal.events import Admission, Settled
 from journal.prices import parse
+from journal.reader import JournalReader
 from smg.admission.ledger import Bucket, MemoryLedger, SqliteLedger, decide
 from smg.admission.policy import Limits, PolicyError, Scope, compile_policy
 from tests.admission.conftest import MODEL, QWEN3, new_id
@@ -168,6 +169,9 @@ def test_a_long_answer_settles_the_money_into_debt(
     [denied] = [e for e in wait_for_events(journal, refused) if isinstance(e, Admission)]
     assert denied.decision == "denied" and denied.reserved_tokens is None
     assert denied.prompt_usd == pytest.approx(prompt_usd)
+    with JournalReader(journal) as reader:
+        row = reader.get_request(refused)
+    assert row is not None and row["model"] == MODEL and row["status"] == 429  # the model it asked for
     shown = subprocess.run(
         [sys.executable, "-m", "smg", "journal", "show", "-j", str(journal), refused],
         capture_output=True, text=True, check=True, timeout=60,

@@ -244,6 +244,9 @@ def test_a_tool_description_no_leg_can_hold_is_refused_untokenized(pd: Deploymen
     events = wait_for_events(pd.journal, reply.headers["x-request-id"])
     assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
     assert pd.controls["prefill"].received() == [] and pd.controls["decode"].received() == []
+    with JournalReader(pd.journal) as reader:
+        row = reader.get_request(reply.headers["x-request-id"])
+    assert row is not None and row["model"] == MODEL  # a refused request records the model it asked for
 
 
 def test_a_client_gone_midstream_aborts_the_decode_leg(pd: Deployment) -> None:

@@ -136,6 +136,9 @@ def test_a_system_prompt_no_window_can_hold_is_refused_untokenized(
     events = wait_for_events(zmq_journal, reply.headers["x-request-id"])
     assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
     assert control.received() == []
+    with JournalReader(zmq_journal) as reader:
+        row = reader.get_request(reply.headers["x-request-id"])
+    assert row is not None and row["model"] == MODEL  # a refused request records the model it asked for
 
 
 def test_an_over_long_prompt_is_refused_before_the_engine_then_a_normal_request_works(
