@@ -527,8 +527,7 @@ def stats(
     if as_json:
         _echo_json(numbers)
         return
-    console = _console()
-    console.print(_stats_view(numbers, query, where))
+    _echo(_stats_text(numbers, query, where))
 
 
 @commands.command("thread")
@@ -721,26 +720,22 @@ def _version() -> str:
         return ""
 
 
-def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
+def _stats_text(numbers: dict[str, Any], query: str, journal: str) -> str:
+    """The whole-selection statistics as plain text: printed without rich, whose import and
+    layout took as long as the statistics themselves."""
     from journal import sketch
 
     n = numbers["requests"]
     span = ""
     if numbers["first_ts"] is not None:
         span = f", {_clock(numbers['first_ts'], full=True)} → {_clock(numbers['last_ts'], full=True)}"
-    head = Text.assemble(
-        (f"{n} requests", "bold"),
-        f"{f' matching {query!r}' if query else ''} in {journal}{span}\n",
-        f"completed {numbers['completed']}, in flight {numbers['in_flight']}, errors {numbers['errors']}",
-        f" ({numbers['errors'] / n:.1%})" if n else "",
-    )
-    counts = Table.grid(padding=(0, 3))
-    tables = [
-        _count_table(title, numbers[key], n)
+    rate = f" ({numbers['errors'] / n:.1%})" if n else ""
+    lines = [
+        f"{n} requests{f' matching {query!r}' if query else ''} in {journal}{span}",
+        f"completed {numbers['completed']}, in flight {numbers['in_flight']}, errors {numbers['errors']}{rate}",
+    ]
+    counts = [
+        _count_lines(title, numbers[key], n)
         for key, title in (
             ("by_status_class", "status"),
             ("by_model", "model"),
@@ -750,37 +745,51 @@ def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
         )
         if numbers[key]
     ]
-    if tables:
-        counts.add_row(*tables)
-
-    latency = Table(title="latency (ms)", title_justify="left")
+    if counts:
+        lines += ["", *_side_by_side(counts, gap=3)]
     labels = [k for k in numbers["latency_ms"]["duration"] if k.startswith("p")]
-    latency.add_column("")
-    for name in ("count", *labels, "mean", "max"):
-        latency.add_column(name, justify="right")
+    latency = [["", "count", *labels, "mean", "max"]]
     for name, dist in (("duration", numbers["latency_ms"]["duration"]), ("first event", numbers["latency_ms"]["ttfe"])):
-        latency.add_row(name, str(dist["count"]), *(_num(dist[k]) for k in (*labels, "mean", "max")))
-
+        latency.append([name, str(dist["count"]), *(_num(dist[k]) for k in (*labels, "mean", "max"))])
+    lines += ["", "latency (ms)", *_aligned(latency, right_from=1), ""]
     tok = numbers["tokens"]
-    tokens = Text.assemble(
-        ("tokens ", "bold"),
-        f"input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall",
-        f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)",
+    lines.append(
+        f"tokens input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall"
+        f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)"
     )
     spend = numbers.get("cost_usd") or {}
-    parts: list[Any] = [head, counts, latency, tokens]
     if spend.get("priced_requests"):
-        parts.append(
-            Text.assemble(("cost ", "bold"), f"${spend['total']:.4f} ({spend['priced_requests']} priced requests)")
-        )
+        lines.append(f"cost ${spend['total']:.4f} ({spend['priced_requests']} priced requests)")
     source = numbers.get("source")
     if source == "rollups":
         read = f" and {numbers['scanned']} requests read" if numbers.get("scanned") else ""
-        note = f"from rollups{read}; percentiles within {sketch.RELATIVE_ERROR:.1%}"
-        parts.append(Text(note, style="dim"))
+        lines.append(f"from rollups{read}; percentiles within {sketch.RELATIVE_ERROR:.1%}")
     elif source == "scan":
-        parts.append(Text(f"scanned {numbers['scanned']} requests", style="dim"))
-    return Group(*parts)
+        lines.append(f"scanned {numbers['scanned']} requests")
+    return "\n".join(lines)
+
+
+def _count_lines(title: str, counts: dict[Any, int], total: int) -> list[str]:
+    rows = [[str(value), str(count), f"{count / total:.0%}" if total else ""] for value, count in counts.items()]
+    return [title, *_aligned(rows, right_from=1)]
+
+
+def _aligned(rows: list[list[str]], right_from: int) -> list[str]:
+    """Rows of cells in columns a space apart, left-aligned before column `right_from`."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        " ".join(cell.ljust(w) if i < right_from else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
+
+
+def _side_by_side(blocks: list[list[str]], gap: int) -> list[str]:
+    widths = [max(map(len, block)) for block in blocks]
+    height = max(map(len, blocks))
+    return [
+        (" " * gap).join((block[i] if i < len(block) else "").ljust(w) for block, w in zip(blocks, widths)).rstrip()
+        for i in range(height)
+    ]
 
 
 _EMPTY_GROUP: dict[str, Any] = {
@@ -860,18 +869,6 @@ def _plot(points: list[tuple[Any, float | None]], metric: str, width: int, query
         bar = "█" * (eighths // 8) + (_BARS[eighths % 8] if eighths % 8 else "")
         lines.append(Text.assemble(label, (bar, "cyan"), f" {_num(value)}"))
     return Group(*lines)
-
-
-def _count_table(title: str, counts: dict[Any, int], total: int) -> Table:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
-    table.add_column(no_wrap=True)
-    table.add_column(justify="right")
-    table.add_column(justify="right", style="dim")
-    for value, count in counts.items():
-        table.add_row(str(value), str(count), f"{count / total:.0%}" if total else "")
-    return table
 
 
 def _num(value: float | None) -> str:
