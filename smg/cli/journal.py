@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import enum
 import json
+import shutil
 import signal
 import sqlite3
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -132,12 +134,12 @@ def ls(
     if as_json:
         _echo_json(rows)
         return
-    console = _console()
     cells = [_cells(row) for row in rows]
     shown = f"{len(rows)} of {total}" if total != len(rows) else str(total)
     order = f"{sort}, {'smallest' if asc else 'largest'} first" if sort != "ts" else "oldest first" if asc else ""
     title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({where})"
-    console.print(_fit_table(console, title, cells, replicas=any(row.get(REPLICA) for row in rows)))
+    width = shutil.get_terminal_size().columns
+    _echo(_ls_text(title, cells, width, replicas=any(row.get(REPLICA) for row in rows)))
 
 
 def _cells(row: dict[str, Any]) -> dict[str, str]:
@@ -889,30 +891,34 @@ _ORDER = (
 )  # fmt: skip
 
 
-def _fit_table(console: Console, title: str, cells: list[dict[str, str]], *, replicas: bool = False) -> Table:
-    """The ls table; `replicas`: with the replica column (rows of the fleet journal)."""
-    from rich.table import Table
-
+def _ls_text(title: str, cells: list[dict[str, str]], width: int, *, replicas: bool = False) -> str:
+    """The ls table as plain text, in `width` columns: the least important columns are left
+    out until the rest fit; `replicas`: with the replica column (rows of the fleet journal).
+    Printed without rich, whose import and layout took longer than reading the journal."""
     columns = (*_LS_COLUMNS[:1], "replica", *_LS_COLUMNS[1:]) if replicas else _LS_COLUMNS
     order = (*_ORDER[:1], "replica", *_ORDER[1:]) if replicas else _ORDER
-    # Each cell is measured once; a table's width is then its columns' widest cells, plus
-    # a space either side and a rule between and around them (measuring whole tables for
-    # every column dropped took longer than reading the journal).
-    widest = {name: max([len(name), *(console.render_str(row[name]).cell_len for row in cells)]) for name in order}
+    widest = {name: max([len(name), *(_cell_width(row[name]) for row in cells)]) for name in order}
     keep = len(columns)
-    while keep > 3:
-        kept = set(columns[:keep])
-        if sum(widest[name] + 3 for name in order if name in kept) + 1 <= console.width:
-            break
+    while keep > 3 and sum(widest[name] + 2 for name in order if name in columns[:keep]) - 2 > width:
         keep -= 1
-    kept = set(columns[:keep])
-    table = Table(title=title, title_justify="left")
-    for name in order:
-        if name in kept:
-            table.add_column(name, no_wrap=True, justify="right" if name in _RIGHT else "left")
-    for row in cells:
-        table.add_row(*(row[name] for name in order if name in kept))
-    return table
+    shown = [name for name in order if name in columns[:keep]]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(
+            _pad(value, widest[name], right=name in _RIGHT) for name, value in zip(shown, values, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("─" * widest[name] for name in shown)
+    return "\n".join([title, line(shown), rule, *(line([row[name] for name in shown]) for row in cells)])
+
+
+def _cell_width(text: str) -> int:
+    return len(text) + sum(1 for c in text if ord(c) > 0x1100 and unicodedata.east_asian_width(c) in "WF")
+
+
+def _pad(text: str, width: int, *, right: bool) -> str:
+    fill = " " * (width - _cell_width(text))
+    return fill + text if right else text + fill
 
 
 def _reconstruct(events: list[Event]) -> tuple[Any, str | None]:
