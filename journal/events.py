@@ -339,7 +339,9 @@ class Admission(Event):
 
     `gate` is `concurrency` (a slot of `--max-concurrent-requests`; `queued_ms` is the time the
     request waited for it) or `tenant_rate_limit` (the tenant's token budget; `reserved_tokens`
-    is what was debited, the rendered prompt's tokens). `decision`: `admitted`, `queue_full`,
+    is what was debited, the rendered prompt's tokens; when a scope is stated in money,
+    `prompt_usd` is the prompt at the model's input price: debited when admitted, what did
+    not fit when denied; None in journals from before money budgets). `decision`: `admitted`, `queue_full`,
     `queue_timeout`, `denied` or `unavailable` (the shared budgets or fleet-wide slots in Redis
     could not be read);
     a refusal is followed by the `error` the client got.
@@ -352,6 +354,7 @@ class Admission(Event):
     tenant: str | None = None
     reserved_tokens: int | None = None
     retry_after: int | None = None
+    prompt_usd: float | None = None
 
 
 @_register
@@ -359,7 +362,11 @@ class Admission(Event):
 class Settled(Event):
     """A tenant budget reservation trued up with the response's real usage: `delta` tokens
     more (or, negative, fewer) than `reserved_tokens` were charged. A response that did not
-    finish (an error, a client gone) keeps its reservation and has no `settled` event."""
+    finish (an error, a client gone) keeps its reservation and has no `settled` event.
+
+    When a scope is stated in money: `reserved_usd` was debited at admission, `cost_usd` is the
+    request's cost by the price table, and `delta_usd` (their difference) was charged on top.
+    None when no scope is stated in money, and in journals from before money budgets."""
 
     kind: ClassVar[str] = "settled"
     tenant: str
@@ -367,3 +374,6 @@ class Settled(Event):
     input_tokens: int
     output_tokens: int
     delta: int
+    reserved_usd: float | None = None
+    cost_usd: float | None = None
+    delta_usd: float | None = None

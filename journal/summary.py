@@ -236,16 +236,22 @@ def describe(event: Event) -> str:
             parts.append(f"queued={event.queued_ms:.1f}ms")
         if event.reserved_tokens is not None:
             parts.append(f"reserved={event.reserved_tokens}")
+        if event.prompt_usd is not None:
+            parts.append(f"{'reserved' if event.decision == 'admitted' else 'asked'}=${event.prompt_usd:.6f}")
         if event.retry_after is not None:
             parts.append(f"retry_after={event.retry_after}s")
         if event.tenant:
             parts.append(f"tenant={event.tenant}")
         return " ".join(parts)
     if isinstance(event, Settled):
-        return (
+        line = (
             f"{event.delta:+d} tokens (input={event.input_tokens} output={event.output_tokens}"
-            f" reserved={event.reserved_tokens}) tenant={event.tenant}"
+            f" reserved={event.reserved_tokens})"
         )
+        if event.delta_usd is not None:
+            cost, reserved = event.cost_usd or 0.0, event.reserved_usd or 0.0
+            line += f" {_signed_usd(event.delta_usd)} (cost=${cost:.6f} reserved=${reserved:.6f})"
+        return f"{line} tenant={event.tenant}"
     return _clip(repr(event.to_dict()))
 
 
@@ -308,6 +314,10 @@ def _describe_block(payload: dict[str, Any]) -> str:
         error = payload.get("error") or {}
         return f"{kind} {error.get('type')}: {_clip(str(error.get('message', '')))}"
     return kind
+
+
+def _signed_usd(dollars: float) -> str:
+    return f"{'-' if dollars < 0 else '+'}${abs(dollars):.6f}"
 
 
 def _code(code: str | None) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from journal.events import Block, Completed, Error, Event, Received, Routed, Upstream, Validated
-from journal.prices import PriceTable
+from journal.prices import PriceTable, load
 from journal.writer import JournalWriter
 
 MODELS = ("claude-sonnet-4", "claude-haiku-4", "qwen3-8b")
@@ -173,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--span", type=float, default=86_400.0, help="seconds the arrivals spread over")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--price-table", help="price the requests by this table (the gateway's --price-table)")
     args = parser.parse_args(argv)
+    prices = load(Path(args.price_table)) if args.price_table else None
     started = time.monotonic()
-    written = asyncio.run(build(args.path, Traffic(args.requests, span_s=args.span, seed=args.seed)))
+    written = asyncio.run(build(args.path, Traffic(args.requests, span_s=args.span, seed=args.seed), prices))
     print(f"{args.requests} requests, {written} events in {time.monotonic() - started:.1f}s -> {args.path}")
     return 0
 

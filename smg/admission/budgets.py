@@ -132,23 +132,24 @@ class Budgets:
         decision = await self.ledger.reserve(scopes, tokens, self._clock(), dollars)
         return Reservation(decision, scopes, tokens, dollars, price)
 
-    async def settle(self, reservation: Reservation, delta: int, usage: dict[str, int]) -> None:
+    async def settle(self, reservation: Reservation, delta: int, usage: dict[str, int]) -> float | None:
         """True the reservation up: `delta` tokens more, and the cost of `usage` (the final
-        counts) less the dollars reserved."""
+        counts) less the dollars reserved. Returns that cost, None when no scope is stated in
+        money."""
         price = reservation.price
+        cost = None
         dollars = 0.0
         if price is not None:
-            dollars = (
-                price.cost(
-                    usage.get("input_tokens", 0),
-                    usage.get("output_tokens", 0),
-                    usage.get("cache_read_input_tokens", 0),
-                    usage.get("cache_creation_input_tokens", 0),
-                )
-                - reservation.dollars
+            cost = price.cost(
+                usage.get("input_tokens", 0),
+                usage.get("output_tokens", 0),
+                usage.get("cache_read_input_tokens", 0),
+                usage.get("cache_creation_input_tokens", 0),
             )
+            dollars = cost - reservation.dollars
         if delta or dollars:
             await self.ledger.settle(reservation.scopes, delta, self._clock(), dollars)
+        return cost
 
     def close(self) -> None:
         self.ledger.close()
@@ -219,6 +220,7 @@ def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable
                             tenant=tenant,
                             reserved_tokens=reserved if decision.allowed else None,
                             retry_after=decision.retry_after,
+                            prompt_usd=reservation.dollars if reservation.price is not None else None,
                         )
                         if not decision.allowed:
                             raise exceeded(decision)  # no worker was called: none is journaled
@@ -236,13 +238,17 @@ def budget_layer(budgets: Budgets, generates: Callable[[str], bool]) -> Callable
                             delta = used_input + output - reserved
                             _cache_usage(event.event, cache)
                             usage = {"input_tokens": used_input, "output_tokens": output, **cache}
-                            await budgets.settle(reservation, delta, usage)
+                            cost = await budgets.settle(reservation, delta, usage)
+                            money = reservation.price is not None
                             yield Settled(
                                 tenant=tenant,
                                 reserved_tokens=reserved,
                                 input_tokens=used_input,
                                 output_tokens=output,
                                 delta=delta,
+                                reserved_usd=reservation.dollars if money else None,
+                                cost_usd=cost,
+                                delta_usd=cost - reservation.dollars if cost is not None else None,
                             )
                             open_ = False
                     yield event

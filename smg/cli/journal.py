@@ -14,58 +14,81 @@ from __future__ import annotations
 
 import enum
 import json
+import shutil
 import signal
 import sqlite3
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import orjson
-import typer
-from rich.console import Console, Group
-from rich.json import JSON
-from rich.markup import escape
-from rich.measure import Measurement
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
 from journal import export as exporting
-from journal import groups, otlp, sketch, threads, waterfall
+from journal import groups
 from journal.events import Counted, Event, Received, Rendered, Tokens, event_from_dict, event_kinds
 from journal.query import QueryError, compile_query
 from journal.reader import JournalError, JournalNotFound
 from journal.schema import DEFAULT_PATH, ENV_VAR, REQUEST_COLUMNS
 from journal.store import REPLICA, JournalStore, is_postgres, open_journal, shown
-from journal.summary import describe
-from replay.answer import answer_view, assemble, waterfall_view
-from smg.projection import reconstruct
+from smg.cli.params import Argument, Commands, Option
 
-journal_app = typer.Typer(
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+# rich, the request views and the projection are imported by the commands that print with
+# them: a journal command starts in well under a second, JSON output without rich at all.
+commands = Commands(
     help="Inspect the request journal (read-only; safe while the gateway runs).",
     no_args_is_help=True,
 )
 
 JournalOpt = Annotated[
     str,
-    typer.Option(
+    Option(
         "--journal",
         "-j",
         envvar=ENV_VAR,
         help=f"Journal file or postgresql:// URL of the fleet journal (default: ${ENV_VAR}, else ./{DEFAULT_PATH}).",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+JsonOpt = Annotated[bool, Option("--json", help="Print JSON instead of tables.")]
 QueryArg = Annotated[
     str,
-    typer.Argument(help="Which requests, in the journal query language (default: all).", show_default=False),
+    Argument(help="Which requests, in the journal query language (default: all).", show_default=False),
 ]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "journal_app":  # the typer app, built only when typer is to read the command line
+        return commands.typer()
+    raise AttributeError(name)
+
+
+def _echo(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/] {escape(message)}")
-    raise typer.Exit(code)
+    _console(stderr=True).print(f"[red]error:[/] {_escape(message)}")
+    raise SystemExit(code)
 
 
 def _open(path: str) -> JournalStore:
@@ -84,19 +107,19 @@ def _compile(query: str) -> None:
 
 
 def _echo_json(value: Any) -> None:
-    typer.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode())
+    _echo(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode())
 
 
-@journal_app.command("ls")
+@commands.command("ls")
 def ls(
     query: QueryArg = "",
     journal: JournalOpt = DEFAULT_PATH,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many requests.")] = 50,
-    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip this many first.")] = 0,
+    limit: Annotated[int, Option("--limit", "-n", min=1, help="How many requests.")] = 50,
+    offset: Annotated[int, Option("--offset", min=0, help="Skip this many first.")] = 0,
     sort: Annotated[
-        str, typer.Option("--sort", "-s", help=f"Sort by this summary column: {', '.join(REQUEST_COLUMNS)}.")
+        str, Option("--sort", "-s", help=f"Sort by this summary column: {', '.join(REQUEST_COLUMNS)}.")
     ] = "ts",
-    asc: Annotated[bool, typer.Option("--asc", help="Smallest first (default: largest, i.e. newest, first).")] = False,
+    asc: Annotated[bool, Option("--asc", help="Smallest first (default: largest, i.e. newest, first).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List requests matching QUERY, newest first (or by --sort)."""
@@ -111,12 +134,12 @@ def ls(
     if as_json:
         _echo_json(rows)
         return
-    console = Console()
     cells = [_cells(row) for row in rows]
     shown = f"{len(rows)} of {total}" if total != len(rows) else str(total)
     order = f"{sort}, {'smallest' if asc else 'largest'} first" if sort != "ts" else "oldest first" if asc else ""
     title = f"{shown} requests{f' matching {query!r}' if query else ''}{f' by {order}' if order else ''} ({where})"
-    console.print(_fit_table(console, title, cells, replicas=any(row.get(REPLICA) for row in rows)))
+    width = shutil.get_terminal_size().columns
+    _echo(_ls_text(title, cells, width, replicas=any(row.get(REPLICA) for row in rows)))
 
 
 def _cells(row: dict[str, Any]) -> dict[str, str]:
@@ -138,16 +161,18 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
     }
 
 
-@journal_app.command("show")
+@commands.command("show")
 def show(
     request_id: Annotated[
-        str, typer.Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
+        str, Argument(help="Request id (the gateway's, a unique prefix of it, or a client's unique id).")
     ],
     journal: JournalOpt = DEFAULT_PATH,
     as_json: JsonOpt = False,
 ) -> None:
     """One request: its event timeline, the request, the response the client got, the answer
     assembled from it (blocks, stop reason, usage) and a waterfall of its stages."""
+    from journal import waterfall
+
     row, raw, events = _load(journal, request_id)
     response, why = _reconstruct(events)
     answer, stages = _answer(events), waterfall.stages(raw)
@@ -157,7 +182,13 @@ def show(
         _echo_json({**shown, "answer": answer, "waterfall": [s.to_dict() for s in stages]})
         return
 
-    console = Console()
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from replay.answer import answer_view, waterfall_view
+
+    console = _console()
     console.print(
         Panel(
             Text.assemble(
@@ -187,26 +218,31 @@ def show(
 
 
 def _answer(events: list[Event]) -> dict[str, Any] | None:
+    from replay.answer import assemble
+
     try:
         return assemble(events)
     except Exception:  # a projection bug must not hide the rest of the request
         return None
 
 
-@journal_app.command("tail")
+@commands.command("tail")
 def tail(
     query: QueryArg = "",
     journal: JournalOpt = DEFAULT_PATH,
-    interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between looks.")] = 0.5,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON summary per line (JSON Lines).")] = False,
+    interval: Annotated[float, Option("--interval", min=0.01, help="Seconds between looks.")] = 0.5,
+    as_json: Annotated[bool, Option("--json", help="One JSON summary per line (JSON Lines).")] = False,
     max_count: Annotated[
-        int | None, typer.Option("--max", min=1, help="Stop after this many requests.", show_default=False)
+        int | None, Option("--max", min=1, help="Stop after this many requests.", show_default=False)
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", min=0, help="Stop after this many seconds.", show_default=False)
+        float | None, Option("--timeout", min=0, help="Stop after this many seconds.", show_default=False)
     ] = None,
 ) -> None:
     """Follow the journal: print each request matching QUERY as it completes (Ctrl-C stops)."""
+    from rich.console import Console
+    from rich.markup import escape
+
     _compile(query)  # a bad query fails before waiting for the file
     _stop_on_ctrl_c()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -226,7 +262,7 @@ def tail(
                     if row is None:  # pruned between the two reads
                         continue
                     if as_json:
-                        typer.echo(orjson.dumps(row, default=str).decode())
+                        _echo(orjson.dumps(row, default=str).decode())
                     else:
                         out.print(_tail_line(row), soft_wrap=True)
                     shown += 1
@@ -249,6 +285,8 @@ def _stop_on_ctrl_c() -> None:
 
 def _wait_for(path: str, deadline: float | None, err: Console) -> JournalStore | None:
     """The journal, once it exists (a tail may start before the gateway); None on timeout."""
+    from rich.markup import escape
+
     said = False
     while True:
         try:
@@ -275,6 +313,8 @@ def _sleep(seconds: float, deadline: float | None) -> bool:
 
 
 def _tail_line(row: dict[str, Any]) -> Text:
+    from rich.text import Text
+
     status = row["status"]
     style = "green" if status and status < 400 else "yellow" if status and status < 500 else "red"
     cells = _cells(row)
@@ -304,11 +344,11 @@ class ExportFormat(enum.StrEnum):
 _MANY = frozenset({ExportFormat.har, ExportFormat.jsonl, ExportFormat.otlp})
 
 
-@journal_app.command("export")
+@commands.command("export")
 def export(
     target: Annotated[
         str,
-        typer.Argument(
+        Argument(
             help="A request id (the gateway's, a unique prefix of it, or a client's unique id); for har, jsonl and "
             "otlp, else a query selecting many requests (default: all).",
             show_default=False,
@@ -317,25 +357,23 @@ def export(
     journal: JournalOpt = DEFAULT_PATH,
     fmt: Annotated[
         ExportFormat,
-        typer.Option(
+        Option(
             "--as",
             help="curl: a command that sends the request again (keys from $SMG_API_KEY / $ANTHROPIC_API_KEY); "
             "json: summary, events and response; har: an HTTP Archive 1.2 log; jsonl: one JSON document "
             "per request and line; otlp: OpenTelemetry spans per stage, one OTLP/JSON export request per line.",
         ),
     ] = ExportFormat.json,
-    url: Annotated[
-        str, typer.Option("--url", help="The gateway's base URL, for curl and HAR.")
-    ] = exporting.DEFAULT_BASE_URL,
+    url: Annotated[str, Option("--url", help="The gateway's base URL, for curl and HAR.")] = exporting.DEFAULT_BASE_URL,
     limit: Annotated[
         int | None,
-        typer.Option(
-            "--limit", "-n", min=1, help="At most this many requests (a query; default: all).", show_default=False
-        ),
+        Option("--limit", "-n", min=1, help="At most this many requests (a query; default: all).", show_default=False),
     ] = None,
 ) -> None:
     """Print one request as a curl command, a JSON document or a HAR log; or the requests a
     query selects, oldest first, as HAR, JSON lines or OpenTelemetry spans."""
+    from journal import otlp
+
     with _open(journal) as reader:
         try:
             single = reader.get_request(target) if target else None
@@ -350,8 +388,8 @@ def export(
         _fail(f"--as {fmt.value} exports one request: name it")
     row, raw, events = _load(journal, target)
     if row.get("bodies") not in (None, "full"):
-        Console(stderr=True).print(
-            f"[yellow]warning:[/] {escape(row['id'])} was journaled with bodies {escape(str(row['bodies']))}:"
+        _console(stderr=True).print(
+            f"[yellow]warning:[/] {_escape(row['id'])} was journaled with bodies {_escape(str(row['bodies']))}:"
             " its request and response content are not the ones sent"
         )
     received = next((e for e in events if isinstance(e, Received)), None)
@@ -360,13 +398,13 @@ def export(
         _echo_json(exporting.as_json(row, raw, response, response_error=why))
     elif fmt is ExportFormat.jsonl:
         response, why = _reconstruct(events)
-        typer.echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
+        _echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
     elif fmt is ExportFormat.otlp:
-        typer.echo(orjson.dumps(otlp.spans(row, raw)).decode())
+        _echo(orjson.dumps(otlp.spans(row, raw)).decode())
     elif received is None:
         _fail(f"request {row['id']} has no `received` event to export")
     elif fmt is ExportFormat.curl:
-        typer.echo(exporting.as_curl(received, url))
+        _echo(exporting.as_curl(received, url))
     else:
         response, _ = _reconstruct(events)
         _echo_json(exporting.as_har(events, response, url, creator_version=_version()))
@@ -386,7 +424,7 @@ def _selected(reader: JournalStore, query: str, limit: int | None) -> Iterator[d
         rows = reader.list_after(size, query=query, after=after)
         for after, row in rows:
             if limit is not None and count >= limit:
-                Console(stderr=True).print(
+                _console(stderr=True).print(
                     f"[yellow]export stopped at --limit {limit}:[/] the query selects more requests"
                 )
                 return
@@ -397,6 +435,8 @@ def _selected(reader: JournalStore, query: str, limit: int | None) -> Iterator[d
 
 
 def _export_many(reader: JournalStore, query: str, fmt: ExportFormat, url: str, limit: int | None) -> None:
+    from journal import otlp
+
     try:
         reader.check(query)
     except QueryError as exc:
@@ -406,12 +446,12 @@ def _export_many(reader: JournalStore, query: str, fmt: ExportFormat, url: str, 
     for row in _selected(reader, query, limit):
         raw = reader.raw_events(row["id"])
         if fmt is ExportFormat.otlp:
-            typer.echo(orjson.dumps(otlp.spans(row, raw)).decode())
+            _echo(orjson.dumps(otlp.spans(row, raw)).decode())
             continue
         events = [event_from_dict(kind, data, t) for _, kind, t, data in raw if kind in known]
         response, why = _reconstruct(events)
         if fmt is ExportFormat.jsonl:
-            typer.echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
+            _echo(orjson.dumps(exporting.as_json(row, raw, response, response_error=why), default=str).decode())
         elif any(isinstance(e, Received) for e in events):
             log = exporting.as_har(events, response, url, creator_version=_version())
             entries = log["log"].pop("entries")
@@ -428,20 +468,20 @@ def _export_many(reader: JournalStore, query: str, fmt: ExportFormat, url: str, 
             _echo_json({"log": {"version": "1.2", "creator": {"name": "smg"}, "entries": []}})
 
 
-@journal_app.command("stats")
+@commands.command("stats")
 def stats(
     query: QueryArg = "",
     journal: JournalOpt = DEFAULT_PATH,
     by: Annotated[
         str | None,
-        typer.Option("--by", help=f"Per group: {', '.join(groups.GROUPS)}.", show_default=False),
+        Option("--by", help=f"Per group: {', '.join(groups.GROUPS)}.", show_default=False),
     ] = None,
     every: Annotated[
-        str | None, typer.Option("--every", help="Per time bucket of this width: 1m, 1h, 1d.", show_default=False)
+        str | None, Option("--every", help="Per time bucket of this width: 1m, 1h, 1d.", show_default=False)
     ] = None,
     plot: Annotated[
         str | None,
-        typer.Option(
+        Option(
             "--plot",
             help="Chart one series per bucket (default --every 1m): requests, errors, error_rate, latency_p99, "
             "ttft_p50, tokens_out, …",
@@ -474,7 +514,9 @@ def stats(
             extra = {"plot": plot, "series": points} if plot else {}
             _echo_json({"by": by, "every_s": width, "rows": rows, "source": source, **extra})
             return
-        console = Console()
+        from rich.text import Text
+
+        console = _console()
         if plot:
             console.print(_plot(points, plot, width or 60, query))
         else:
@@ -487,15 +529,14 @@ def stats(
     if as_json:
         _echo_json(numbers)
         return
-    console = Console()
-    console.print(_stats_view(numbers, query, where))
+    _echo(_stats_text(numbers, query, where))
 
 
-@journal_app.command("thread")
+@commands.command("thread")
 def thread_cmd(
-    request_id: Annotated[str, typer.Argument(help="Any request of the conversation (id, unique prefix, client id).")],
+    request_id: Annotated[str, Argument(help="Any request of the conversation (id, unique prefix, client id).")],
     journal: JournalOpt = DEFAULT_PATH,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many turns.")] = 500,
+    limit: Annotated[int, Option("--limit", "-n", min=1, help="At most this many turns.")] = 500,
     as_json: JsonOpt = False,
 ) -> None:
     """The requests of one conversation, oldest first, with what each turn added.
@@ -503,6 +544,12 @@ def thread_cmd(
     A conversation is the requests with the same session header (Claude Code's
     x-claude-code-session-id), else with the same start: system prompt and first message.
     """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from journal import threads
+
     with _open(journal) as reader:
         try:
             turns = threads.thread(reader, request_id, limit)
@@ -539,15 +586,19 @@ def thread_cmd(
     Console().print(table)
 
 
-@journal_app.command("diff")
+@commands.command("diff")
 def diff_cmd(
-    left: Annotated[str, typer.Argument(help="The first request (id, unique prefix, client id).")],
-    right: Annotated[str, typer.Argument(help="The second request.")],
+    left: Annotated[str, Argument(help="The first request (id, unique prefix, client id).")],
+    right: Annotated[str, Argument(help="The second request.")],
     journal: JournalOpt = DEFAULT_PATH,
     as_json: JsonOpt = False,
 ) -> None:
     """A structural diff of two requests: summary fields, the request bodies, and the
     responses the clients got (as replay compares a request and its replay)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from journal import threads
     from replay.diff import Difference, render
     from replay.diff import diff as diff_responses
 
@@ -583,18 +634,18 @@ def diff_cmd(
             console.print(Text(f"{name}: the same", style="green"))
 
 
-@journal_app.command("prune")
+@commands.command("prune")
 def prune(
     journal: JournalOpt = DEFAULT_PATH,
     older_than: Annotated[
-        str | None, typer.Option("--older-than", help="Delete requests that arrived longer ago than this (7d, 12h).")
+        str | None, Option("--older-than", help="Delete requests that arrived longer ago than this (7d, 12h).")
     ] = None,
     max_size: Annotated[
-        str | None, typer.Option("--max-size", help="Delete the oldest requests until the data fits (500MB, 2GB).")
+        str | None, Option("--max-size", help="Delete the oldest requests until the data fits (500MB, 2GB).")
     ] = None,
     shrink: Annotated[
         bool,
-        typer.Option("--shrink", help="Also give the freed space back to the file system (slower: pages are moved)."),
+        Option("--shrink", help="Also give the freed space back to the file system (slower: pages are moved)."),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -627,7 +678,7 @@ def prune(
     if as_json:
         _echo_json(vars(result))
         return
-    typer.echo(
+    _echo(
         f"pruned {result.requests_deleted} requests ({result.events_deleted} events) from {shown(journal)}:"
         f" {result.bytes_before / 1e6:.1f} MB -> {result.bytes_after / 1e6:.1f} MB of data"
     )
@@ -671,20 +722,22 @@ def _version() -> str:
         return ""
 
 
-def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
+def _stats_text(numbers: dict[str, Any], query: str, journal: str) -> str:
+    """The whole-selection statistics as plain text: printed without rich, whose import and
+    layout took as long as the statistics themselves."""
+    from journal import sketch
+
     n = numbers["requests"]
     span = ""
     if numbers["first_ts"] is not None:
         span = f", {_clock(numbers['first_ts'], full=True)} → {_clock(numbers['last_ts'], full=True)}"
-    head = Text.assemble(
-        (f"{n} requests", "bold"),
-        f"{f' matching {query!r}' if query else ''} in {journal}{span}\n",
-        f"completed {numbers['completed']}, in flight {numbers['in_flight']}, errors {numbers['errors']}",
-        f" ({numbers['errors'] / n:.1%})" if n else "",
-    )
-    counts = Table.grid(padding=(0, 3))
-    tables = [
-        _count_table(title, numbers[key], n)
+    rate = f" ({numbers['errors'] / n:.1%})" if n else ""
+    lines = [
+        f"{n} requests{f' matching {query!r}' if query else ''} in {journal}{span}",
+        f"completed {numbers['completed']}, in flight {numbers['in_flight']}, errors {numbers['errors']}{rate}",
+    ]
+    counts = [
+        _count_lines(title, numbers[key], n)
         for key, title in (
             ("by_status_class", "status"),
             ("by_model", "model"),
@@ -694,37 +747,51 @@ def _stats_view(numbers: dict[str, Any], query: str, journal: str) -> Group:
         )
         if numbers[key]
     ]
-    if tables:
-        counts.add_row(*tables)
-
-    latency = Table(title="latency (ms)", title_justify="left")
+    if counts:
+        lines += ["", *_side_by_side(counts, gap=3)]
     labels = [k for k in numbers["latency_ms"]["duration"] if k.startswith("p")]
-    latency.add_column("")
-    for name in ("count", *labels, "mean", "max"):
-        latency.add_column(name, justify="right")
+    latency = [["", "count", *labels, "mean", "max"]]
     for name, dist in (("duration", numbers["latency_ms"]["duration"]), ("first event", numbers["latency_ms"]["ttfe"])):
-        latency.add_row(name, str(dist["count"]), *(_num(dist[k]) for k in (*labels, "mean", "max")))
-
+        latency.append([name, str(dist["count"]), *(_num(dist[k]) for k in (*labels, "mean", "max"))])
+    lines += ["", "latency (ms)", *_aligned(latency, right_from=1), ""]
     tok = numbers["tokens"]
-    tokens = Text.assemble(
-        ("tokens ", "bold"),
-        f"input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall",
-        f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)",
+    lines.append(
+        f"tokens input {tok['input']}, output {tok['output']}; output tokens/s {_num(tok['output_per_s'])} overall"
+        f", {_num(tok['output_per_s_median'])} median per request ({tok['rated_requests']} requests)"
     )
     spend = numbers.get("cost_usd") or {}
-    parts: list[Any] = [head, counts, latency, tokens]
     if spend.get("priced_requests"):
-        parts.append(
-            Text.assemble(("cost ", "bold"), f"${spend['total']:.4f} ({spend['priced_requests']} priced requests)")
-        )
+        lines.append(f"cost ${spend['total']:.4f} ({spend['priced_requests']} priced requests)")
     source = numbers.get("source")
     if source == "rollups":
         read = f" and {numbers['scanned']} requests read" if numbers.get("scanned") else ""
-        note = f"from rollups{read}; percentiles within {sketch.RELATIVE_ERROR:.1%}"
-        parts.append(Text(note, style="dim"))
+        lines.append(f"from rollups{read}; percentiles within {sketch.RELATIVE_ERROR:.1%}")
     elif source == "scan":
-        parts.append(Text(f"scanned {numbers['scanned']} requests", style="dim"))
-    return Group(*parts)
+        lines.append(f"scanned {numbers['scanned']} requests")
+    return "\n".join(lines)
+
+
+def _count_lines(title: str, counts: dict[Any, int], total: int) -> list[str]:
+    rows = [[str(value), str(count), f"{count / total:.0%}" if total else ""] for value, count in counts.items()]
+    return [title, *_aligned(rows, right_from=1)]
+
+
+def _aligned(rows: list[list[str]], right_from: int) -> list[str]:
+    """Rows of cells in columns a space apart, left-aligned before column `right_from`."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        " ".join(cell.ljust(w) if i < right_from else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
+
+
+def _side_by_side(blocks: list[list[str]], gap: int) -> list[str]:
+    widths = [max(map(len, block)) for block in blocks]
+    height = max(map(len, blocks))
+    return [
+        (" " * gap).join((block[i] if i < len(block) else "").ljust(w) for block, w in zip(blocks, widths)).rstrip()
+        for i in range(height)
+    ]
 
 
 _EMPTY_GROUP: dict[str, Any] = {
@@ -750,6 +817,8 @@ def _bucket_label(bucket: Any, width: int | None) -> str:
 
 
 def _groups_table(rows: list[dict[str, Any]], by: str | None, width: int | None, query: str, journal: str) -> Table:
+    from rich.table import Table
+
     what = " and ".join(p for p in (f"by {by}" if by else "", f"every {width}s" if width else "") if p)
     table = Table(title=f"requests{f' matching {query!r}' if query else ''} {what} ({journal})", title_justify="left")
     if width:
@@ -787,6 +856,9 @@ _BARS = " ▏▎▍▌▋▊▉█"
 
 def _plot(points: list[tuple[Any, float | None]], metric: str, width: int, query: str) -> Group:
     """One horizontal bar per bucket, scaled to the largest value."""
+    from rich.console import Group
+    from rich.text import Text
+
     top = max((v for _, v in points if v is not None), default=0.0)
     lines = [Text(f"{metric} every {width}s{f' for {query!r}' if query else ''} (max {_num(top)})", style="bold")]
     span = 50
@@ -799,16 +871,6 @@ def _plot(points: list[tuple[Any, float | None]], metric: str, width: int, query
         bar = "█" * (eighths // 8) + (_BARS[eighths % 8] if eighths % 8 else "")
         lines.append(Text.assemble(label, (bar, "cyan"), f" {_num(value)}"))
     return Group(*lines)
-
-
-def _count_table(title: str, counts: dict[Any, int], total: int) -> Table:
-    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
-    table.add_column(no_wrap=True)
-    table.add_column(justify="right")
-    table.add_column(justify="right", style="dim")
-    for value, count in counts.items():
-        table.add_row(str(value), str(count), f"{count / total:.0%}" if total else "")
-    return table
 
 
 def _num(value: float | None) -> str:
@@ -829,33 +891,51 @@ _ORDER = (
 )  # fmt: skip
 
 
-def _fit_table(console: Console, title: str, cells: list[dict[str, str]], *, replicas: bool = False) -> Table:
-    """The ls table; `replicas`: with the replica column (rows of the fleet journal)."""
+def _ls_text(title: str, cells: list[dict[str, str]], width: int, *, replicas: bool = False) -> str:
+    """The ls table as plain text, in `width` columns: the least important columns are left
+    out until the rest fit; `replicas`: with the replica column (rows of the fleet journal).
+    Printed without rich, whose import and layout took longer than reading the journal."""
     columns = (*_LS_COLUMNS[:1], "replica", *_LS_COLUMNS[1:]) if replicas else _LS_COLUMNS
     order = (*_ORDER[:1], "replica", *_ORDER[1:]) if replicas else _ORDER
+    widest = {name: max([len(name), *(_cell_width(row[name]) for row in cells)]) for name in order}
     keep = len(columns)
-    while True:
-        kept = set(columns[:keep])
-        table = Table(title=title, title_justify="left")
-        for name in order:
-            if name in kept:
-                table.add_column(name, no_wrap=True, justify="right" if name in _RIGHT else "left")
-        for row in cells:
-            table.add_row(*(row[name] for name in order if name in kept))
-        width = Measurement.get(console, console.options.update_width(10_000), table).maximum
-        if width <= console.width or keep <= 3:
-            return table
+    while keep > 3 and sum(widest[name] + 2 for name in order if name in columns[:keep]) - 2 > width:
         keep -= 1
+    shown = [name for name in order if name in columns[:keep]]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(
+            _pad(value, widest[name], right=name in _RIGHT) for name, value in zip(shown, values, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("─" * widest[name] for name in shown)
+    return "\n".join([title, line(shown), rule, *(line([row[name] for name in shown]) for row in cells)])
+
+
+def _cell_width(text: str) -> int:
+    return len(text) + sum(1 for c in text if ord(c) > 0x1100 and unicodedata.east_asian_width(c) in "WF")
+
+
+def _pad(text: str, width: int, *, right: bool) -> str:
+    fill = " " * (width - _cell_width(text))
+    return fill + text if right else text + fill
 
 
 def _reconstruct(events: list[Event]) -> tuple[Any, str | None]:
     try:
-        return reconstruct(events), None
+        from smg import projection
+
+        return projection.reconstruct(events), None
     except Exception as exc:  # a projection bug must not hide the timeline
         return None, f"reconstruct failed: {type(exc).__name__}: {exc}"
 
 
 def _timeline(raw: list[tuple[int, str, float, dict[str, Any]]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    from journal.summary import describe
+
     table = Table(title="timeline", title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("seq", justify="right", style="dim")
     table.add_column("t (ms)", justify="right")
@@ -910,6 +990,11 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _request_view(received: Any) -> Panel:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     headers = Table.grid(padding=(0, 1))
     for name, value in received.headers.items():  # stored redacted
         headers.add_row(Text(f"{name}:", style="cyan"), Text(value))
@@ -921,6 +1006,11 @@ def _request_view(received: Any) -> Panel:
 
 
 def _response_view(status: int | None, headers: dict[str, str], body: bytes) -> Panel:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     if status is None:
         return Panel(
             Text("nothing was sent (no status in the recorded events)", style="yellow"),
@@ -938,6 +1028,9 @@ def _response_view(status: int | None, headers: dict[str, str], body: bytes) -> 
 
 
 def _body(text: str, content_type: str) -> Any:
+    from rich.json import JSON
+    from rich.text import Text
+
     if "json" in content_type:
         try:
             value = json.loads(text)

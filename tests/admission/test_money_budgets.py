@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from journal.events import Settled
+from journal.events import Admission, Settled
 from journal.prices import parse
+from journal.reader import JournalReader
 from smg.admission.ledger import Bucket, MemoryLedger, SqliteLedger, decide
 from smg.admission.policy import Limits, PolicyError, Scope, compile_policy
 from tests.admission.conftest import MODEL, QWEN3, new_id
@@ -142,7 +143,9 @@ def test_a_long_answer_settles_the_money_into_debt(
         first = client.post("/v1/messages", json=BODY, headers={**key("debtor"), "x-request-id": (rid := new_id())})
         assert first.status_code == 200, first.text
         engine_control.script({"text": "ok"})
-        second = client.post("/v1/messages", json=BODY, headers=key("debtor"))
+        second = client.post(
+            "/v1/messages", json=BODY, headers={**key("debtor"), "x-request-id": (refused := new_id())}
+        )
         elapsed = time.time() - start
         # Tokens were plenty: the money refused it, and another tenant's money is its own.
         assert client.post("/v1/messages", json=BODY, headers=key("other")).status_code == 200
@@ -154,8 +157,31 @@ def test_a_long_answer_settles_the_money_into_debt(
     # In debt: the next prompt waits for the refill to pay it back first.
     wait = assert_tenant_refusal(second)
     assert wait >= (usage["input_tokens"] * INPUT_USD - left) / (BUDGET_USD / 60) - elapsed - 1 > 60
-    [settled] = [e for e in wait_for_events(journal, rid) if isinstance(e, Settled)]
+    events = wait_for_events(journal, rid)
+    [settled] = [e for e in events if isinstance(e, Settled)]
     assert settled.delta == usage["output_tokens"]
+    # The journal says what was reserved and settled in dollars too, and what the refusal asked.
+    [admitted] = [e for e in events if isinstance(e, Admission)]
+    prompt_usd = usage["input_tokens"] * INPUT_USD
+    assert admitted.decision == "admitted" and admitted.prompt_usd == pytest.approx(prompt_usd)
+    assert settled.reserved_usd == pytest.approx(prompt_usd) and settled.cost_usd == pytest.approx(charged)
+    assert settled.delta_usd == pytest.approx(charged - prompt_usd)
+    [denied] = [e for e in wait_for_events(journal, refused) if isinstance(e, Admission)]
+    assert denied.decision == "denied" and denied.reserved_tokens is None
+    assert denied.prompt_usd == pytest.approx(prompt_usd)
+    with JournalReader(journal) as reader:
+        row = reader.get_request(refused)
+    assert row is not None and row["model"] == MODEL and row["status"] == 429  # the model it asked for
+    shown = subprocess.run(
+        [sys.executable, "-m", "smg", "journal", "show", "-j", str(journal), refused],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert f"tenant_rate_limit denied asked=${prompt_usd:.6f}" in shown.stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "smg", "journal", "show", "-j", str(journal), rid],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert f"+${charged - prompt_usd:.6f} (cost=${charged:.6f} reserved=${prompt_usd:.6f})" in shown.stdout
 
 
 def test_a_money_rule_for_a_model_without_a_price_stops_the_launch(tmp_path: Path) -> None:

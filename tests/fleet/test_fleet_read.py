@@ -189,11 +189,19 @@ def _text(fleet: Fleet, output: str) -> str:
 
 
 def without_replica_column(text: str) -> str:
-    """A rich table's lines without its `replica` column (the one whose header says so)."""
+    """A table's lines without its `replica` column (the one whose header says so): a rich
+    table's, or the plain columns of `ls`."""
     lines = text.splitlines()
     header = next((line for line in lines if re.search(r"┃ replica +┃", line)), None)
     if header is None:
-        return "\n".join(line.rstrip() for line in lines)
+        plain = next((i for i, line in enumerate(lines) if re.search(r"  replica  ", line)), None)
+        if plain is None:
+            return "\n".join(line.rstrip() for line in lines)
+        column = re.search(r"  replica +", lines[plain])
+        assert column is not None
+        start, end = column.start() + 2, column.end()
+        kept = [line[:start] + line[end:] if i >= plain else line for i, line in enumerate(lines)]
+        return "\n".join(line.rstrip() for line in kept)
     start = header.index("┃ replica") + 1
     end = header.index("┃", start) + 1
     out = []
@@ -260,7 +268,7 @@ def test_every_request_of_the_file_is_in_the_fleet_journal_marked_with_its_repli
     assert by_id["f-bad"]["status"] == 400 and by_id["f-g-tool-stream"]["has_tool_use"]
     assert by_id["f-g-thinking-plain"]["has_thinking"] and by_id["f-g-count"]["path"].endswith("count_tokens")
     table = run("journal", "ls", "-j", fleet.url, "--limit", "1000").stdout
-    assert re.search(r"┃ replica +┃", table) and table.count(REPLICA) == len(rows)
+    assert re.search(r"  replica  ", table) and table.count(REPLICA) == len(rows)
 
 
 # -- ls ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from journal.events import Error, Routed, Tokens, Upstream
+from journal.reader import JournalReader
 from replay.offline import check
 from smg.backends.grpc.pd import NIXL_PREFILL_PARAMS
 from tests.conftest import wait_for_events
@@ -243,16 +244,26 @@ def test_a_tool_description_no_leg_can_hold_is_refused_untokenized(pd: Deploymen
     events = wait_for_events(pd.journal, reply.headers["x-request-id"])
     assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
     assert pd.controls["prefill"].received() == [] and pd.controls["decode"].received() == []
+    with JournalReader(pd.journal) as reader:
+        row = reader.get_request(reply.headers["x-request-id"])
+    assert row is not None and row["model"] == MODEL  # a refused request records the model it asked for
 
 
 def test_a_client_gone_midstream_aborts_the_decode_leg(pd: Deployment) -> None:
     pd.controls["decode"].script({"text": "a b c d e f g", "hold_after": 2})
     with httpx.stream("POST", pd.gateway.url + "/v1/messages", json={**BODY, "stream": True}) as response:
+        gateway_id = response.headers["x-request-id"]
         for line in response.iter_lines():
             if line.startswith("event: content_block_delta"):
                 break
     request_id = pd.controls["decode"].received()[0]["request_id"]
     eventually(lambda: request_id in pd.controls["decode"].aborts(), "the decode leg aborted")
+    # The cut stream keeps its prompt's tokens (and so its cost): the decode leg's prompt.
+    wait_for_events(pd.journal, gateway_id)
+    with JournalReader(pd.journal) as reader:
+        row = reader.get_request(gateway_id)
+    prompt = len(pd.controls["decode"].received()[0]["tokenized"]["input_ids"])
+    assert row is not None and row["model"] == MODEL and row["input_tokens"] == prompt > 0
 
 
 # --- vLLM: prefill first, its KV params to decode ----------------------------------------------------

@@ -175,7 +175,7 @@ def test_show_when_the_response_cannot_be_rebuilt(sample_journal: Path, monkeypa
     def broken(events: object) -> object:
         raise RuntimeError("projection bug")
 
-    monkeypatch.setattr("smg.cli.journal.reconstruct", broken)  # the timeline must still show
+    monkeypatch.setattr("smg.projection.reconstruct", broken)  # the timeline must still show
     result = runner.invoke(journal_app, ["show", "req_0123", "--journal", str(sample_journal)], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "message_stop" in result.stdout

@@ -219,3 +219,23 @@ def test_usage_that_comes_wins_over_the_rendered_count_and_cache_tokens_are_pric
     assert row["cost_usd"] == (40 * 1.0 + 7 * 2.0 + 1000 * 10.0) / 1_000_000
     price(row, parse({"models": {"other": {"input": 1.0}}}))
     assert row["cost_usd"] is None
+
+
+def test_budget_events_from_before_money_budgets_still_read_and_describe() -> None:
+    from journal.events import event_from_dict
+
+    old_admission = {"gate": "tenant_rate_limit", "decision": "admitted", "tenant": "t", "reserved_tokens": 5}
+    old_settled = {"tenant": "t", "reserved_tokens": 5, "input_tokens": 5, "output_tokens": 9, "delta": 9}
+    admission = event_from_dict("admission", old_admission)
+    settled = event_from_dict("settled", old_settled)
+    assert isinstance(admission, Admission) and admission.prompt_usd is None
+    assert isinstance(settled, Settled) and (settled.reserved_usd, settled.cost_usd, settled.delta_usd) == (None,) * 3
+    assert describe(admission) == "tenant_rate_limit admitted reserved=5 tenant=t"
+    assert describe(settled) == "+9 tokens (input=5 output=9 reserved=5) tenant=t"
+    money = Settled(
+        tenant="t", reserved_tokens=5, input_tokens=5, output_tokens=1, delta=-4,
+        reserved_usd=0.5, cost_usd=0.25, delta_usd=-0.25,
+    )  # fmt: skip
+    assert "-$0.250000 (cost=$0.250000 reserved=$0.500000)" in describe(money)
+    denied = Admission(gate="tenant_rate_limit", decision="denied", tenant="t", prompt_usd=0.5)
+    assert "asked=$0.500000" in describe(denied)

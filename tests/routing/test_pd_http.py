@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from journal.events import Routed, Upstream
+from journal.reader import JournalReader
 from tests.conftest import Scripted, wait_for_events
+from tools import anthropic_answers as answers
 from tools.spawn import free_port, spawn_gateway, spawn_worker
 
 MODEL = "pd-model"
@@ -301,3 +303,22 @@ def test_without_dp_aware_no_rank_fields_are_sent(legs: dict[str, Any]) -> None:
     assert reply.status_code == 200, reply.text
     for leg in (legs["prefill"].received()[0], legs["decode"].received()[0]):
         assert not {"routed_dp_rank", "disagg_prefill_dp_rank", "data_parallel_rank"} & set(leg["json"])
+
+
+def test_a_decode_stream_cut_after_message_start_records_the_input_tokens_it_announced(legs: dict[str, Any]) -> None:
+    gw, prefill, decode = legs["gw"], legs["prefill"], legs["decode"]
+    prefill.script({"json": {"prefilled": True}})
+    msg = answers.message(answers.text("a partial answer"), model=MODEL, usage=(777, 50))
+    # message_start (announcing 777 input tokens), content_block_start, the first delta; then gone.
+    decode.script(answers.sse_answer(msg, drop_after=3))
+    with httpx.stream("POST", gw.url + "/v1/messages", json={**BODY, "stream": True}) as response:
+        request_id = response.headers["x-request-id"]
+        text = response.read().decode()
+    # The decode leg's frames waited while the prefill leg was read: the client still gets
+    # every one that arrived before the cut, then the error.
+    names = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+    assert names == ["message_start", "content_block_start", "content_block_delta", "error"], text
+    wait_for_events(legs["journal"], request_id)
+    with JournalReader(legs["journal"]) as reader:
+        row = reader.get_request(request_id)
+    assert row is not None and row["model"] == MODEL and row["input_tokens"] == 777

@@ -1,5 +1,6 @@
 """Spend: a gateway with `--price-table` gives each completed request its cost in the journal,
-`smg journal stats` sums it, and a refused request still records the model it asked for."""
+`smg journal stats` sums it, a refused request still records the model it asked for, and a
+relayed stream cut after `message_start` the input tokens it announced."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from journal.reader import JournalReader
 from tests.conftest import MODEL, OTHER_MODEL, Scripted, wait_for_events
+from tools import anthropic_answers as answers
 from tools.spawn import Spawned, spawn_gateway
 
 KEY = "sk-spend-test-key"
@@ -124,3 +126,30 @@ def test_a_price_table_that_is_not_one_stops_the_launch(tmp_path: Path) -> None:
     )
     assert launched.returncode == 2
     assert str(table) in launched.stderr and "input must be a number of dollars" in launched.stderr
+
+
+@pytest.mark.parametrize("cut", ["worker-dropped", "client-gone"])
+def test_a_relayed_stream_cut_after_message_start_records_the_input_tokens_it_announced(
+    priced: tuple[Spawned, Path], scripted: Scripted, cut: str
+) -> None:
+    gateway, journal = priced
+    msg = answers.message(answers.text("a partial answer"), model=MODEL, usage=(1234, 50))
+    # message_start (announcing 1234 input tokens), content_block_start, the first delta:
+    scripted.script(answers.sse_answer(msg, **{"drop_after" if cut == "worker-dropped" else "hold_after": 3}))
+    body = {"model": MODEL, "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "cut me"}]}
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
+        with client.stream("POST", "/v1/messages", json=body, headers=headers) as reply:
+            request_id = reply.headers["x-request-id"]
+            for line in reply.iter_lines():
+                if line.startswith("event: content_block_delta"):
+                    break  # the client goes away here (or the worker already has)
+    events = wait_for_events(journal, request_id)
+    if cut == "client-gone":
+        scripted.release()
+    completed = events[-1]
+    assert completed.kind == "completed"
+    with JournalReader(journal) as reader:
+        row = reader.get_request(request_id)
+    assert row is not None and row["input_tokens"] == 1234 and row["model"] == MODEL
+    assert row["cost_usd"] == pytest.approx((1234 * 2.0 + row["output_tokens"] * 10.0) / 1_000_000)

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from journal.events import Rendered, Routed, Tokens
+from journal.reader import JournalReader
 from smg.cli.main import app
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from tests.conftest import wait_for_events
@@ -135,6 +136,9 @@ def test_a_system_prompt_no_window_can_hold_is_refused_untokenized(
     events = wait_for_events(zmq_journal, reply.headers["x-request-id"])
     assert [e.kind for e in events] == ["received", "validated", "error", "completed"]
     assert control.received() == []
+    with JournalReader(zmq_journal) as reader:
+        row = reader.get_request(reply.headers["x-request-id"])
+    assert row is not None and row["model"] == MODEL  # a refused request records the model it asked for
 
 
 def test_an_over_long_prompt_is_refused_before_the_engine_then_a_normal_request_works(
@@ -165,17 +169,24 @@ def test_count_tokens_and_max_tokens_zero_are_answered_by_the_gateway(
 
 
 def test_a_client_that_goes_away_has_its_engine_request_aborted(
-    zmq_gateway: Spawned, http: httpx.Client, control: EngineControl
+    zmq_gateway: Spawned, http: httpx.Client, control: EngineControl, zmq_journal: Path
 ) -> None:
     control.script({"text": "one two three four five six seven", "hold_after": 2})
     with httpx.Client(base_url=zmq_gateway.url, timeout=30.0) as client:
         with client.stream(
             "POST", "/v1/messages", json={"model": MODEL, "max_tokens": 40, "stream": True, "messages": USER}
         ) as reply:
+            request_id = reply.headers["x-request-id"]
             lines = reply.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             message_id = json.loads(first[6:])["message"]["id"]
     assert wait_until(lambda: message_id in control.aborts(), "the ABORT of the abandoned stream")
+    # The cut stream keeps its prompt's tokens (and so its cost).
+    wait_for_events(zmq_journal, request_id)
+    with JournalReader(zmq_journal) as reader:
+        row = reader.get_request(request_id)
+    assert row is not None and row["model"] == MODEL
+    assert row["input_tokens"] == len(control.received()[-1]["prompt_token_ids"]) > 0
 
 
 def test_the_sdk_and_the_journal_and_offline_replay(

@@ -11,10 +11,14 @@ backend forwards, plus what HTTP itself needs.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AiohttpResponseStream
 
 from smg.protocol.hops import HOP_HEADER
 
@@ -44,9 +48,48 @@ def _classified(exc: httpx.TransportError) -> httpx.TransportError:
 class _Transport(AiohttpTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
-            return await super().handle_async_request(request)
+            response = await super().handle_async_request(request)
         except httpx.TransportError as exc:
             raise _classified(exc) from exc.__cause__
+        if isinstance(response.stream, AiohttpResponseStream):
+            response.stream = _Received(response.stream)
+        return response
+
+
+class _Received(httpx.AsyncByteStream):
+    """A body as aiohttp reads it; when the connection dies, the bytes that had already
+    arrived come out before the failure. aiohttp's reader raises the failure first and drops
+    what it holds, so a stream read after its worker hung up (the decode leg of an HTTP PD
+    pair waits while the prefill leg is read) lost every frame before the cut: the client
+    got only the error, the journal not even the `message_start` that says the prompt's
+    tokens."""
+
+    def __init__(self, inner: AiohttpResponseStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except httpx.TransportError:
+            left = _held(self._inner._aiohttp_response.content)
+            if left:
+                yield left
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _held(content: Any) -> bytes:
+    """What aiohttp's reader received and nobody has read yet (b"" if its internals differ)."""
+    buffer, offset = getattr(content, "_buffer", None), getattr(content, "_buffer_offset", 0)
+    if not isinstance(buffer, deque) or not isinstance(offset, int):
+        return b""
+    held = b"".join(buffer)[offset:]
+    buffer.clear()
+    content._buffer_offset = content._size = 0
+    return held
 
 
 def _session(limits: httpx.Limits) -> aiohttp.ClientSession:
