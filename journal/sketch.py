@@ -7,13 +7,18 @@ the values that fell in its bucket. The buckets are the same everywhere (no para
 resizing), so the sketch of a union is the bucket-wise sum of the sketches: that is what lets
 the rollups (`journal.rollups`) keep one per minute and group and answer any range by adding.
 
-The bucket is computed by SQLite (`BUCKET_SQL`, in the rollups' triggers) and by Python
-(`bucket`, for the requests a rollup query reads from the summary table) with the same C `log2`.
+The bucket is computed by Python (`bucket`: the rollups' fold and the requests a rollup query
+reads from the summary table) and by SQL (`bucket_sql`) with the same C `log2`.
+
+A rollup row keeps each sketch as one value (`encode`): its non-empty buckets in order, each a
+little-endian 32-bit bucket and 64-bit count, so a read over any range adds one value per row
+(`merge`) and a write adds two (`add_encoded`, the SQL function the rollups' upsert calls).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -68,3 +73,31 @@ def percentiles(counts: dict[int, int], ps: Sequence[float], top: float | None =
                 out.append(min(v, top) if top is not None else v)
                 break
     return out
+
+
+_PAIR = struct.Struct("<iq")
+
+
+def encode(counts: dict[int, int]) -> bytes | None:
+    """The stored form of bucket `counts` (None when every count is zero)."""
+    pairs = sorted((b, c) for b, c in counts.items() if c)
+    if not pairs:
+        return None
+    return struct.pack(f"<{'iq' * len(pairs)}", *(x for pair in pairs for x in pair))
+
+
+def merge(counts: dict[int, int], stored: bytes | None) -> None:
+    """Add a stored sketch (`encode`) into `counts`."""
+    if stored:
+        for b, c in _PAIR.iter_unpack(stored):
+            counts[b] = counts.get(b, 0) + c
+
+
+def add_encoded(a: bytes | None, b: bytes | None) -> bytes | None:
+    """The stored sketch of the union of two stored sketches (buckets that reach zero dropped)."""
+    if not a or not b:
+        return (a or b) or None
+    counts: dict[int, int] = {}
+    merge(counts, a)
+    merge(counts, b)
+    return encode(counts)

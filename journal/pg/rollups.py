@@ -22,7 +22,7 @@ from journal import rollups as local
 from journal import sketch
 
 TABLE = local.TABLE
-SKETCH_TABLE = local.SKETCH_TABLE
+SKETCH_TABLE = local.V7_SKETCH_TABLE  # a row per bucket here (the local file keeps one value per metric)
 _KEY = ("day", "grain", "ts", *local.DIMENSIONS)
 _GRAINS = f"(VALUES {', '.join(f'({g})' for g in local.GRAINS)}) AS g (grain)"
 _INTEGER = {"status", "stream", "hung_up", "cut_mid_stream"}
@@ -95,31 +95,6 @@ _TABLES = (
 )
 
 _R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
-_BACKFILL = (
-    f"""INSERT INTO {TABLE} ({_COLUMNS})
-    SELECT r.day, g.grain, {_MINUTE}, {_R_DIMS}, count(*),
-        COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0), COALESCE(sum(r.cost_usd), 0),
-        count(r.cost_usd), count(r.duration_ms), COALESCE(sum(r.duration_ms), 0), count(r.ttfe_ms),
-        COALESCE(sum(r.ttfe_ms), 0), count(*) FILTER (WHERE {_RATED}),
-        COALESCE(sum(r.output_tokens) FILTER (WHERE {_RATED}), 0),
-        COALESCE(sum(r.duration_ms) FILTER (WHERE {_RATED}), 0),
-        min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
-    FROM requests r CROSS JOIN {_GRAINS} WHERE r.completed = 1 GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}""",
-    # Grouped first, then joined to the rollup rows on (day, minute), which a hash join can
-    # use; the other dimensions, NULL for some, are compared after.
-    f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
-    SELECT k.rid, v.metric, v.bucket, v.n FROM (
-        SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket,
-            count(*) AS n
-        FROM requests r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
-            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
-            AS m (metric, bucket)
-        WHERE r.completed = 1 AND m.bucket IS NOT NULL
-        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
-    ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
-        AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})""",
-)
-
 
 
 def _counted(source: str) -> tuple[str, str]:
@@ -178,12 +153,13 @@ _TRIGGERS = tuple(
     for event, (referencing, _) in _STATEMENTS.items()
 )
 
+
 def migrate(conn: psycopg.Connection[Any]) -> None:
     """Schema v3: `cost_usd`, the rollup tables, their trigger, and the completed requests
     already shipped counted once."""
     for statement in _DDL:
         conn.execute(statement)  # built from constants
-    for statement in _BACKFILL:
+    for statement in _counted("SELECT 1 AS sign, r.* FROM requests r WHERE r.completed = 1"):
         conn.execute(statement)
     for trigger in _TRIGGERS:
         conn.execute(trigger)
