@@ -180,11 +180,20 @@ def _merge_sketches(
     the fleet journal's bucket rows, summed there by group."""
     if dialect.sketch_values:
         sketches = ", ".join(rollups.SKETCHES)
-        for g, b, *stored in run(
-            f"SELECT {group}, {bucket}, {sketches} FROM {rollups.TABLE} WHERE {part[0]} AND requests != 0", part[1]
+        stored: dict[tuple[Any, Any], list[list[bytes | None]]] = {}
+        for g, b, *values in run(
+            f"SELECT {group}, {bucket}, {sketches} FROM {rollups.TABLE} JOIN {rollups.SKETCHES_TABLE} USING (rid)"
+            f" WHERE {part[0]} AND requests != 0",
+            part[1],
         ):
-            for counts, value in zip(into(g, b), stored, strict=True):
-                sketch.merge(counts, value)
+            lists = stored.get((g, b))
+            if lists is None:
+                lists = stored[(g, b)] = [[] for _ in rollups.SKETCHES]
+            for kept, value in zip(lists, values, strict=True):
+                kept.append(value)
+        for (g, b), lists in stored.items():
+            for counts, kept in zip(into(g, b), lists, strict=True):
+                sketch.merge_all(counts, kept)
         return
     for g, b, metric, sb, n in run(
         f"SELECT {group}, {bucket}, s.metric, s.bucket, sum(s.n) FROM {rollups.V7_SKETCH_TABLE} AS s"

@@ -5,10 +5,11 @@ combination of the columns a breakdown or a
 filter names (`DIMENSIONS`: model, tenant, key, worker, backend, status, error code and type,
 stop reason, stream, hung up, cut), with the sums `journal.stats` and `journal.groups` need:
 requests, tokens, cost, duration and time-to-first-event counts, sums and maxima, output rate.
-Each rollup row also keeps its latency sketches (`journal.sketch`: counts per log-scale bucket
+Each rollup row also has its latency sketches (`journal.sketch`: counts per log-scale bucket
 of the duration, the time to the first event and the output rate) as one value per metric
-(`SKETCHES`), which merge by addition, so any range and breakdown reads and adds rows, never
-requests, and a row's cost does not grow with the spread of its latencies.
+(`SKETCHES`, in `rollup_sketches` under the row's `rid`), which merge by addition, so any
+range and breakdown reads and adds rows, never requests, and a row's cost does not grow with
+the spread of its latencies.
 
 Counting happens once per transaction, grouped (`fold`): the writer folds at the end of each
 batch's transaction (`journal.writer`), prune before it deletes. What to fold is noted by
@@ -42,6 +43,9 @@ from typing import Any
 from journal import sketch
 
 TABLE = "rollups"
+SKETCHES_TABLE = "rollup_sketches"
+"""The sketches of each rollup row (`rid`): one value per metric, `SKETCHES`. Beside the sums,
+not among them, so that a read of the sums stays a read of small rows."""
 PENDING_TABLE = "rollup_pending"
 V7_SKETCH_TABLE = "rollup_sketch"
 """Where schema v7 kept the sketches, a row per bucket (`upgrade` replaces it)."""
@@ -116,10 +120,13 @@ _DDL = f"""
         first_ts     REAL,
         last_ts      REAL,
         duration_max REAL,
-        ttfe_max     REAL,
-        {", ".join(f"{c} BLOB" for c in SKETCHES)}  -- journal.sketch.encode
+        ttfe_max     REAL
     )
 """
+_SKETCHES_DDL = (
+    f"CREATE TABLE {SKETCHES_TABLE} (rid INTEGER PRIMARY KEY,"  # rollups.rid
+    f" {', '.join(f'{c} BLOB' for c in SKETCHES)})"  # journal.sketch.encode
+)
 
 _NOTED: tuple[str, ...] = ("ts", *DIMENSIONS, "input_tokens", "output_tokens", "cost_usd", "duration_ms", "ttfe_ms")
 """The `requests` columns a rollup row is made of: what `rollup_pending` notes of a request."""
@@ -139,18 +146,22 @@ _TRIGGERS = (
     f" WHEN OLD.completed = 1 AND ({_CHANGED}) BEGIN {_note('OLD', -1)} {_note('NEW', 1)} END",
 )
 
-_COLUMNS = ", ".join((*_KEY, *_MEASURES, *_MAXIMA, *SKETCHES))
+_COLUMNS = ", ".join((*_KEY, *_MEASURES, *_MAXIMA))
 _MERGE = ", ".join(
     [
         *(f"{m} = {m} + excluded.{m}" for m in _MEASURES),
         "first_ts = min(IFNULL(first_ts, excluded.first_ts), IFNULL(excluded.first_ts, first_ts))",
         *(f"{m} = max(IFNULL({m}, excluded.{m}), IFNULL(excluded.{m}, {m}))" for m in _MAXIMA[1:]),
-        *(f"{c} = smg_sketch_add({c}, excluded.{c})" for c in SKETCHES),
     ]
 )
 _UPSERT = (
-    f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({', '.join('?' * (len(_KEY) + len(_MEASURES) + len(_MAXIMA) + 3))})"
+    f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({', '.join('?' * (len(_KEY) + len(_MEASURES) + len(_MAXIMA)))})"
     f" ON CONFLICT ({_KEY_EXPRS}) DO UPDATE SET {_MERGE}"
+)
+_ROW_OF_KEY = " AND ".join(f"IFNULL({c}, {_SENTINEL}) = IFNULL(?, {_SENTINEL})" for c in _KEY)
+_UPSERT_SKETCHES = (
+    f"INSERT INTO {SKETCHES_TABLE} (rid, {', '.join(SKETCHES)}) SELECT rid, ?, ?, ? FROM {TABLE} WHERE {_ROW_OF_KEY}"
+    f" ON CONFLICT (rid) DO UPDATE SET {', '.join(f'{c} = smg_sketch_add({c}, excluded.{c})' for c in SKETCHES)}"
 )
 _SELECTED = ", ".join(f"r.{c}" for c in _NOTED)
 _BIG = 1e15  # an arrival no calendar holds has no time bucket (as in the fleet journal)
@@ -176,7 +187,11 @@ class _Sums:
         self.sketches: tuple[dict[int, int], ...] = ({}, {}, {})
 
     def params(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (*key, *self.measures, *self.maxima, *(sketch.encode(s) for s in self.sketches))
+        return (*key, *self.measures, *self.maxima)
+
+    def sketch_params(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        stored = [sketch.encode(s) for s in self.sketches]
+        return None if stored == [None, None, None] else (*stored, *key)
 
 
 def _top(current: float | None, value: float) -> float:
@@ -239,9 +254,13 @@ def _accumulate(groups: dict[tuple[Any, ...], _Sums], rows: Iterable[Sequence[An
 
 def _write(conn: sqlite3.Connection, groups: dict[tuple[Any, ...], _Sums], subtracted: bool) -> None:
     conn.executemany(_UPSERT, [sums.params(key) for key, sums in groups.items()])
+    stored = [sums.sketch_params(key) for key, sums in groups.items()]
+    conn.executemany(_UPSERT_SKETCHES, [p for p in stored if p is not None])
     if subtracted:  # the rows a subtraction emptied go
-        spans = {(key[0], key[1]) for key in groups}
-        conn.executemany(f"DELETE FROM {TABLE} WHERE grain = ? AND ts IS ? AND requests <= 0", list(spans))
+        spans = list({(key[0], key[1]) for key in groups})
+        emptied = f"SELECT rid FROM {TABLE} WHERE grain = ? AND ts IS ? AND requests <= 0"
+        conn.executemany(f"DELETE FROM {SKETCHES_TABLE} WHERE rid IN ({emptied})", spans)
+        conn.executemany(f"DELETE FROM {TABLE} WHERE grain = ? AND ts IS ? AND requests <= 0", spans)
 
 
 def fold(conn: sqlite3.Connection) -> int:
@@ -268,6 +287,7 @@ def _tables(conn: sqlite3.Connection) -> None:
     conn.execute(_DDL)
     conn.execute(f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({_KEY_EXPRS})")
     conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)")
+    conn.execute(_SKETCHES_DDL)
     conn.execute(_PENDING_DDL)
     for trigger in _TRIGGERS:
         conn.execute(trigger)

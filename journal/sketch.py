@@ -10,9 +10,9 @@ the rollups (`journal.rollups`) keep one per minute and group and answer any ran
 The bucket is computed by Python (`bucket`: the rollups' fold and the requests a rollup query
 reads from the summary table) and by SQL (`bucket_sql`) with the same C `log2`.
 
-A rollup row keeps each sketch as one value (`encode`): its non-empty buckets in order, each a
-little-endian 32-bit bucket and 64-bit count, so a read over any range adds one value per row
-(`merge`) and a write adds two (`add_encoded`, the SQL function the rollups' upsert calls).
+A rollup row keeps each sketch as one value (`encode`): the counts of its run of buckets, so a
+read over any range adds one value per row (`merge`, `merge_all`) and a write adds two
+(`add_encoded`, the SQL function the rollups' upsert calls).
 """
 
 from __future__ import annotations
@@ -75,22 +75,74 @@ def percentiles(counts: dict[int, int], ps: Sequence[float], top: float | None =
     return out
 
 
-_PAIR = struct.Struct("<iq")
+_HEAD = struct.Struct("<Biq")  # width of a count (4 or 8 bytes), first bucket, count of ZERO
+_WIDTH = {4: "i", 8: "q"}
+_INT32 = 1 << 31
 
 
 def encode(counts: dict[int, int]) -> bytes | None:
-    """The stored form of bucket `counts` (None when every count is zero)."""
-    pairs = sorted((b, c) for b, c in counts.items() if c)
-    if not pairs:
+    """The stored form of bucket `counts` (None when every count is zero): a head (the width
+    of a count, the first bucket of the run, the count of `ZERO`), then the count of every
+    bucket from the first to the last that holds one, as 32-bit integers (64 when one needs it)."""
+    zero = counts.get(ZERO, 0)
+    held = [b for b, c in counts.items() if c and b != ZERO]
+    if not held and not zero:
         return None
-    return struct.pack(f"<{'iq' * len(pairs)}", *(x for pair in pairs for x in pair))
+    lo, hi = (min(held), max(held)) if held else (0, -1)
+    run = [counts.get(b, 0) for b in range(lo, hi + 1)]
+    width = 4 if all(-_INT32 <= c < _INT32 for c in run) else 8
+    return _HEAD.pack(width, lo, zero) + struct.pack(f"<{len(run)}{_WIDTH[width]}", *run)
 
 
 def merge(counts: dict[int, int], stored: bytes | None) -> None:
     """Add a stored sketch (`encode`) into `counts`."""
-    if stored:
-        for b, c in _PAIR.iter_unpack(stored):
+    if not stored:
+        return
+    width, lo, zero = _HEAD.unpack_from(stored)
+    if zero:
+        counts[ZERO] = counts.get(ZERO, 0) + zero
+    for b, c in enumerate(
+        struct.unpack_from(f"<{(len(stored) - _HEAD.size) // width}{_WIDTH[width]}", stored, _HEAD.size), lo
+    ):
+        if c:
             counts[b] = counts.get(b, 0) + c
+
+
+_VECTOR_FROM = 1 << 15  # stored bytes from which `merge_all` adds with numpy
+
+
+def merge_all(counts: dict[int, int], stored: Iterable[bytes | None]) -> None:
+    """Add many stored sketches into `counts`: a range's rollup rows. Past a few thousand
+    buckets in all they are added as vectors (numpy, imported then), not bucket by bucket."""
+    values = [v for v in stored if v]
+    if sum(map(len, values)) < _VECTOR_FROM:
+        for value in values:
+            merge(counts, value)
+        return
+    import numpy as np
+
+    runs: dict[int, tuple[list[bytes], list[int], list[int]]] = {4: ([], [], []), 8: ([], [], [])}
+    head = _HEAD.size
+    for value in values:
+        width, lo, zero = _HEAD.unpack_from(value)
+        if zero:
+            counts[ZERO] = counts.get(ZERO, 0) + zero
+        payloads, firsts, lengths = runs[width]
+        payloads.append(value[head:])
+        firsts.append(lo)
+        lengths.append((len(value) - head) // width)
+    for width, (payloads, firsts, lengths) in runs.items():
+        if not payloads:
+            continue
+        n = np.frombuffer(b"".join(payloads), dtype=f"<i{width}")
+        sizes = np.asarray(lengths)
+        starts = np.cumsum(sizes) - sizes
+        # Each count's bucket: its run's first bucket plus its place in the run.
+        buckets = np.arange(len(n)) + np.repeat(np.asarray(firsts) - starts, sizes)
+        low = int(buckets.min())
+        sums = np.bincount(buckets - low, weights=n)  # float64: exact below 2**53 requests
+        for offset in np.flatnonzero(sums).tolist():
+            counts[low + offset] = counts.get(low + offset, 0) + round(float(sums[offset]))
 
 
 def add_encoded(a: bytes | None, b: bytes | None) -> bytes | None:

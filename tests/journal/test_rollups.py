@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import math
+import random
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -153,7 +154,8 @@ def test_the_writers_batch_folds_give_what_one_regrouping_gives(journal: Path, t
     try:
         dims = f"grain, ts, {', '.join(rollups.DIMENSIONS)}"
         query = f"SELECT {dims}, requests, input_tokens, output_tokens, round(cost_usd, 9), duration_n,"
-        query += f" round(duration_sum, 6), {', '.join(rollups.SKETCHES)} FROM {rollups.TABLE} WHERE requests != 0"
+        query += f" round(duration_sum, 6), {', '.join(rollups.SKETCHES)} FROM {rollups.TABLE}"
+        query += f" JOIN {rollups.SKETCHES_TABLE} USING (rid) WHERE requests != 0"
         written = conn.execute(query).fetchall()
         # Each request once per grain (a minute, an hour and a day row).
         assert sum(row[len(rollups.DIMENSIONS) + 2] for row in written) == TRAFFIC.requests * len(rollups.GRAINS)
@@ -165,6 +167,7 @@ def test_the_writers_batch_folds_give_what_one_regrouping_gives(journal: Path, t
         assert sum(durations.values()) == TRAFFIC.requests
         assert conn.execute(f"SELECT count(*) FROM {rollups.PENDING_TABLE}").fetchone()[0] == 0
         conn.execute(f"DELETE FROM {rollups.TABLE}")
+        conn.execute(f"DELETE FROM {rollups.SKETCHES_TABLE}")
         rollups.backfill(conn)
         assert sorted(map(repr, conn.execute(query).fetchall())) == sorted(map(repr, written))
     finally:
@@ -194,6 +197,7 @@ def test_pruning_everything_leaves_no_rollup_rows_behind(journal: Path, tmp_path
         assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 0
         # Emptied rows and buckets go with their requests: a size-bounded journal keeps no rollups of nothing.
         assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE}").fetchone()[0] == 0
+        assert conn.execute(f"SELECT count(*) FROM {rollups.SKETCHES_TABLE}").fetchone()[0] == 0
         assert conn.execute(f"SELECT count(*) FROM {rollups.PENDING_TABLE}").fetchone()[0] == 0
     finally:
         conn.close()
@@ -208,7 +212,8 @@ def _minutes(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
 
 def _durations(conn: sqlite3.Connection, grain: int) -> dict[int, int]:
     counts: dict[int, int] = {}
-    for (stored,) in conn.execute(f"SELECT duration_sketch FROM {rollups.TABLE} WHERE grain = ?", (grain,)):
+    rows = f"SELECT duration_sketch FROM {rollups.TABLE} JOIN {rollups.SKETCHES_TABLE} USING (rid) WHERE grain = ?"
+    for (stored,) in conn.execute(rows, (grain,)):
         sketch.merge(counts, stored)
     return counts
 
@@ -272,6 +277,8 @@ def test_a_request_changed_by_a_late_event_after_its_batch_is_moved(tmp_path: Pa
     conn = sqlite3.connect(path)
     try:
         assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE} WHERE requests <= 0").fetchone()[0] == 0
+        orphans = f"SELECT count(*) FROM {rollups.SKETCHES_TABLE} WHERE rid NOT IN (SELECT rid FROM {rollups.TABLE})"
+        assert conn.execute(orphans).fetchone()[0] == 0
     finally:
         conn.close()
 
@@ -378,3 +385,37 @@ def test_cost_is_a_term_of_the_query_language(journal: Path) -> None:
         numbers = reader.stats(f"cost:>{threshold}")
         assert numbers["source"] == "scan"  # the rollups keep no per-request cost
         assert numbers["cost_usd"]["total"] == pytest.approx(sum(c for c in costs if c > threshold))
+
+
+@pytest.mark.parametrize("vector_from", [0, 1 << 40])
+def test_a_stored_sketch_gives_back_its_counts_and_many_add_up(
+    monkeypatch: pytest.MonkeyPatch, vector_from: int
+) -> None:
+    # Both ways `merge_all` adds (bucket by bucket, and as numpy vectors past a size).
+    monkeypatch.setattr(sketch, "_VECTOR_FROM", vector_from)
+    rng = random.Random(3)
+    for _ in range(100):
+        stored, total = [], {}
+        for _ in range(rng.randint(1, 30)):
+            counts: dict[int, int] = {}
+            for _ in range(rng.randint(0, 30)):
+                b = sketch.ZERO if rng.random() < 0.05 else rng.randint(-50, 300)
+                counts[b] = counts.get(b, 0) + rng.choice([1, 2, 5, -1, 3_000_000_000])  # past 32 bits too
+            back: dict[int, int] = {}
+            sketch.merge(back, sketch.encode(counts))
+            assert {b: c for b, c in back.items() if c} == {b: c for b, c in counts.items() if c}
+            stored.append(sketch.encode(counts))
+            for b, c in counts.items():
+                total[b] = total.get(b, 0) + c
+        merged: dict[int, int] = {}
+        sketch.merge_all(merged, stored)
+        assert {b: c for b, c in merged.items() if c} == {b: c for b, c in total.items() if c}
+        first, last = _counts(stored[0]), _counts(stored[-1])
+        both = {b: first.get(b, 0) + last.get(b, 0) for b in first.keys() | last.keys()}
+        assert sketch.add_encoded(stored[0], stored[-1]) == sketch.encode(both)
+
+
+def _counts(stored: bytes | None) -> dict[int, int]:
+    out: dict[int, int] = {}
+    sketch.merge(out, stored)
+    return out
