@@ -347,6 +347,7 @@ def discount(conn: sqlite3.Connection, where: str, params: Sequence[object]) -> 
 
 
 def present(conn: sqlite3.Connection) -> bool:
-    """Whether the file keeps rollups (schema v7 and later)."""
-    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
+    """Whether the file keeps rollups this version reads (schema v8 and later; a v7 file's
+    are not, and a reader scans it until a writer migrates it)."""
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SKETCHES_TABLE,)).fetchone()
     return row is not None

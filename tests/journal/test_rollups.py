@@ -292,6 +292,9 @@ def test_a_journal_written_by_schema_7_is_migrated_to_one_sketch_per_row(tmp_pat
     assert schema.schema_version(conn) == 7
     v7_minutes = conn.execute(f"SELECT count(*), sum(requests) FROM {rollups.TABLE} WHERE grain = 60").fetchone()
     conn.close()
+    with JournalReader(path) as reader:  # read-only, before a writer migrates it: scanned
+        reader.exact_up_to = 0
+        assert not reader.rollups and reader.stats("")["source"] == "scan"
     seen: list[tuple[int, int]] = []
     conn = schema.connect(path, progress=lambda done, total: seen.append((done, total)))
     try:
