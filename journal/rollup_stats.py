@@ -42,9 +42,9 @@ Run = Callable[[str, list[Any]], list[tuple[Any, ...]]]
 @dataclass(frozen=True)
 class Dialect:
     """What differs between the stores' SQL here: the parameter placeholder, the start of
-    the `every`-second bucket of a request's (real) arrival time, and whether a rollup row
-    keeps its sketches as values (`journal.rollups.SKETCHES`) or as rows of `rollup_sketch`
-    (the fleet journal)."""
+    the `every`-second bucket of a request's (real) arrival time, and how a rollup row's
+    sketches (`journal.rollups.SKETCHES`) are read: values merged here, or (the fleet journal's
+    `jsonb`) summed by bucket in the database."""
 
     placeholder: str
     bucket: Callable[[int], str]
@@ -176,8 +176,8 @@ def _merge_sketches(
     into: Callable[[Any, Any], list[dict[int, int]]],
 ) -> None:
     """Add the sketches of the rollup rows `part` selects into `into(group, bucket)`'s counts
-    (one per metric, `journal.rollups.METRICS` order): a stored value per row and metric, or
-    the fleet journal's bucket rows, summed there by group."""
+    (one per metric, `journal.rollups.METRICS` order): the stored values merged here, or the
+    fleet journal's summed there by group and bucket."""
     if dialect.sketch_values:
         sketches = ", ".join(rollups.SKETCHES)
         stored: dict[tuple[Any, Any], list[list[bytes | None]]] = {}
@@ -195,9 +195,11 @@ def _merge_sketches(
             for counts, kept in zip(into(g, b), lists, strict=True):
                 sketch.merge_all(counts, kept)
         return
+    values = ", ".join(f"({m}, s.{c})" for m, c in enumerate(rollups.SKETCHES))
     for g, b, metric, sb, n in run(
-        f"SELECT {group}, {bucket}, s.metric, s.bucket, sum(s.n) FROM {rollups.V7_SKETCH_TABLE} AS s"
-        f" JOIN {rollups.TABLE} AS r ON r.rid = s.rid WHERE {part[0]} GROUP BY 1, 2, 3, 4",
+        f"SELECT {group}, {bucket}, m.metric, e.key::bigint, sum(e.value::bigint) FROM {rollups.TABLE}"
+        f" JOIN {rollups.SKETCHES_TABLE} AS s USING (rid) CROSS JOIN LATERAL (VALUES {values}) AS m (metric, v)"
+        f" CROSS JOIN LATERAL jsonb_each_text(m.v) AS e WHERE {part[0]} GROUP BY 1, 2, 3, 4",
         part[1],
     ):
         counts = into(g, b)[int(metric)]

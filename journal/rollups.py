@@ -72,8 +72,7 @@ DIMENSIONS: tuple[str, ...] = (
 """The `requests` columns a rollup row is keyed by (beside its minute, `ts`), named as there."""
 
 METRICS: dict[str, int] = {"duration": 0, "ttfe": 1, "rate": 2}
-"""The sketches kept per rollup row, in the order of `SKETCHES` (and the fleet journal's
-`rollup_sketch.metric`)."""
+"""The sketches kept per rollup row, in the order of `SKETCHES`."""
 SKETCHES: tuple[str, ...] = ("duration_sketch", "ttfe_sketch", "rate_sketch")
 """The rollup columns holding each metric's sketch (`journal.sketch.encode`)."""
 
