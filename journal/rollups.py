@@ -199,56 +199,72 @@ def _top(current: float | None, value: float) -> float:
 
 def _accumulate(groups: dict[tuple[Any, ...], _Sums], rows: Iterable[Sequence[Any]]) -> bool:
     """Add `rows` (a sign, then the `_NOTED` columns) into `groups`, at every grain; whether
-    any row was subtracted."""
+    any row was subtracted. Requests are added into their minute rows, and the minutes into
+    their hours and days (a minute of many requests is one addition there, not many)."""
     subtracted = False
     bucket = sketch.bucket
+    finest = GRAINS[-1]
+    minutes: dict[tuple[Any, ...], _Sums] = {}
     for row in rows:
         sign, ts, *dims = row[: 2 + len(DIMENSIONS)]
         tin, tout, cost, dur, ttfe = row[2 + len(DIMENSIONS) :]
         subtracted = subtracted or sign < 0
-        timed = _num(ts) and abs(ts) < _BIG
-        rated = isinstance(tout, int) and _num(dur) and dur > 0
-        buckets = (
-            bucket(dur) if _num(dur) else None,
-            bucket(ttfe) if _num(ttfe) else None,
-            bucket(tout * 1000.0 / dur) if rated else None,
-        )
-        for grain in GRAINS:
-            key = (grain, math.trunc(ts / grain) * grain if timed else None, *dims)
-            sums = groups.get(key)
-            if sums is None:
-                sums = groups[key] = _Sums()
-            m = sums.measures
-            m[0] += sign
-            if isinstance(tin, int):
-                m[1] += sign * tin
-            if isinstance(tout, int):
-                m[2] += sign * tout
-            if _num(cost):
-                m[3] += sign * cost
-                m[4] += sign
-            if _num(dur):
-                m[5] += sign
-                m[6] += sign * dur
-            if _num(ttfe):
-                m[7] += sign
-                m[8] += sign * ttfe
-            if rated:
+        key = (finest, math.trunc(ts / finest) * finest if _num(ts) and abs(ts) < _BIG else None, *dims)
+        sums = minutes.get(key)
+        if sums is None:
+            sums = minutes[key] = _Sums()
+        m = sums.measures
+        m[0] += sign
+        if isinstance(tin, int):
+            m[1] += sign * tin
+        if isinstance(tout, int):
+            m[2] += sign * tout
+        if _num(cost):
+            m[3] += sign * cost
+            m[4] += sign
+        x = sums.maxima
+        if _num(ts):
+            x[0] = ts if x[0] is None or ts < x[0] else x[0]
+            x[1] = _top(x[1], ts)
+        duration, first_event, rate = sums.sketches
+        if _num(dur):
+            m[5] += sign
+            m[6] += sign * dur
+            x[2] = _top(x[2], dur)
+            b = bucket(dur)
+            duration[b] = duration.get(b, 0) + sign
+            if isinstance(tout, int) and dur > 0:
                 m[9] += sign
                 m[10] += sign * tout
                 m[11] += sign * dur
-            x = sums.maxima
-            if _num(ts):
-                x[0] = ts if x[0] is None or ts < x[0] else x[0]
-                x[1] = _top(x[1], ts)
-            if _num(dur):
-                x[2] = _top(x[2], dur)
-            if _num(ttfe):
-                x[3] = _top(x[3], ttfe)
-            for counts, b in zip(sums.sketches, buckets, strict=True):
-                if b is not None:
-                    counts[b] = counts.get(b, 0) + sign
+                b = bucket(tout * 1000.0 / dur)
+                rate[b] = rate.get(b, 0) + sign
+        if _num(ttfe):
+            m[7] += sign
+            m[8] += sign * ttfe
+            x[3] = _top(x[3], ttfe)
+            b = bucket(ttfe)
+            first_event[b] = first_event.get(b, 0) + sign
+    for key, sums in minutes.items():
+        _add(groups, key, sums)
+        for grain in GRAINS[:-1]:
+            _add(groups, (grain, None if key[1] is None else math.trunc(key[1] / grain) * grain, *key[2:]), sums)
     return subtracted
+
+
+def _add(groups: dict[tuple[Any, ...], _Sums], key: tuple[Any, ...], sums: _Sums) -> None:
+    into = groups.get(key)
+    if into is None:
+        into = groups[key] = _Sums()
+    into.measures = [a + b for a, b in zip(into.measures, sums.measures, strict=True)]
+    lo, top = into.maxima, sums.maxima
+    into.maxima = [
+        top[0] if lo[0] is None or (top[0] is not None and top[0] < lo[0]) else lo[0],
+        *(b if a is None or (b is not None and b > a) else a for a, b in zip(lo[1:], top[1:], strict=True)),
+    ]
+    for counts, more in zip(into.sketches, sums.sketches, strict=True):
+        for b, c in more.items():
+            counts[b] = counts.get(b, 0) + c
 
 
 def _write(conn: sqlite3.Connection, groups: dict[tuple[Any, ...], _Sums], subtracted: bool) -> None:

@@ -85,12 +85,14 @@ def encode(counts: dict[int, int]) -> bytes | None:
     of a count, the first bucket of the run, the count of `ZERO`), then the count of every
     bucket from the first to the last that holds one, as 32-bit integers (64 when one needs it)."""
     zero = counts.get(ZERO, 0)
-    held = [b for b, c in counts.items() if c and b != ZERO]
+    held = {b: c for b, c in counts.items() if c and b != ZERO}
     if not held and not zero:
         return None
     lo, hi = (min(held), max(held)) if held else (0, -1)
-    run = [counts.get(b, 0) for b in range(lo, hi + 1)]
-    width = 4 if all(-_INT32 <= c < _INT32 for c in run) else 8
+    run = [0] * (hi - lo + 1)
+    for b, c in held.items():
+        run[b - lo] = c
+    width = 4 if not held or (-_INT32 <= min(held.values()) and max(held.values()) < _INT32) else 8
     return _HEAD.pack(width, lo, zero) + struct.pack(f"<{len(run)}{_WIDTH[width]}", *run)
 
 
