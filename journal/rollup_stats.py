@@ -195,10 +195,10 @@ def _merge_sketches(
             for counts, kept in zip(into(g, b), lists, strict=True):
                 sketch.merge_all(counts, kept)
         return
-    values = ", ".join(f"({m}, s.{c})" for m, c in enumerate(rollups.SKETCHES))
+    per_metric = ", ".join(f"({m}, s.{c})" for m, c in enumerate(rollups.SKETCHES))
     for g, b, metric, sb, n in run(
         f"SELECT {group}, {bucket}, m.metric, e.key::bigint, sum(e.value::bigint) FROM {rollups.TABLE}"
-        f" JOIN {rollups.SKETCHES_TABLE} AS s USING (rid) CROSS JOIN LATERAL (VALUES {values}) AS m (metric, v)"
+        f" JOIN {rollups.SKETCHES_TABLE} AS s USING (rid) CROSS JOIN LATERAL (VALUES {per_metric}) AS m (metric, v)"
         f" CROSS JOIN LATERAL jsonb_each_text(m.v) AS e WHERE {part[0]} GROUP BY 1, 2, 3, 4",
         part[1],
     ):
