@@ -41,15 +41,18 @@ Run = Callable[[str, list[Any]], list[tuple[Any, ...]]]
 
 @dataclass(frozen=True)
 class Dialect:
-    """What differs between the stores' SQL here: the parameter placeholder, and the start of
-    the `every`-second bucket of a request's (real) arrival time."""
+    """What differs between the stores' SQL here: the parameter placeholder, the start of
+    the `every`-second bucket of a request's (real) arrival time, and how a rollup row's
+    sketches (`journal.rollups.SKETCHES`) are read: values merged here, or (the fleet journal's
+    `jsonb`) summed by bucket in the database."""
 
     placeholder: str
     bucket: Callable[[int], str]
+    sketch_values: bool = True
 
 
 SQLITE = Dialect("?", lambda every: f"CAST(ts / {every} AS INTEGER) * {every}")
-POSTGRES = Dialect("%s", lambda every: f"(floor(ts / {every}) * {every})::bigint")
+POSTGRES = Dialect("%s", lambda every: f"(floor(ts / {every}) * {every})::bigint", sketch_values=False)
 
 
 def sqlite_run(conn: sqlite3.Connection) -> Run:
@@ -164,12 +167,43 @@ class _Sketch:
         return out
 
 
-def _sketch_rows(run: Run, part: tuple[str, list[Any]], group: str, bucket: str) -> list[Any]:
-    return run(
-        f"SELECT {group}, {bucket}, s.metric, s.bucket, sum(s.n) FROM {rollups.SKETCH_TABLE} AS s"
-        f" JOIN {rollups.TABLE} AS r ON r.rid = s.rid WHERE {part[0]} GROUP BY 1, 2, 3, 4",
+def _merge_sketches(
+    run: Run,
+    part: tuple[str, list[Any]],
+    group: str,
+    bucket: str,
+    dialect: Dialect,
+    into: Callable[[Any, Any], list[dict[int, int]]],
+) -> None:
+    """Add the sketches of the rollup rows `part` selects into `into(group, bucket)`'s counts
+    (one per metric, `journal.rollups.METRICS` order): the stored values merged here, or the
+    fleet journal's summed there by group and bucket."""
+    if dialect.sketch_values:
+        sketches = ", ".join(rollups.SKETCHES)
+        stored: dict[tuple[Any, Any], list[list[bytes | None]]] = {}
+        for g, b, *values in run(
+            f"SELECT {group}, {bucket}, {sketches} FROM {rollups.TABLE} JOIN {rollups.SKETCHES_TABLE} USING (rid)"
+            f" WHERE {part[0]} AND requests != 0",
+            part[1],
+        ):
+            lists = stored.get((g, b))
+            if lists is None:
+                lists = stored[(g, b)] = [[] for _ in rollups.SKETCHES]
+            for kept, value in zip(lists, values, strict=True):
+                kept.append(value)
+        for (g, b), lists in stored.items():
+            for counts, kept in zip(into(g, b), lists, strict=True):
+                sketch.merge_all(counts, kept)
+        return
+    per_metric = ", ".join(f"({m}, s.{c})" for m, c in enumerate(rollups.SKETCHES))
+    for g, b, metric, sb, n in run(
+        f"SELECT {group}, {bucket}, m.metric, e.key::bigint, sum(e.value::bigint) FROM {rollups.TABLE}"
+        f" JOIN {rollups.SKETCHES_TABLE} AS s USING (rid) CROSS JOIN LATERAL (VALUES {per_metric}) AS m (metric, v)"
+        f" CROSS JOIN LATERAL jsonb_each_text(m.v) AS e WHERE {part[0]} GROUP BY 1, 2, 3, 4",
         part[1],
-    )
+    ):
+        counts = into(g, b)[int(metric)]
+        counts[int(sb)] = counts.get(int(sb), 0) + int(n)
 
 
 _SCANNED = "status, model, backend, error_code, error_type, stop_reason, ts, completed, input_tokens,"
@@ -211,10 +245,8 @@ def stats(
             sums["rated_ms"] += float(row[17])
             first_ts = row[18] if first_ts is None or (row[18] is not None and row[18] < first_ts) else first_ts
             last_ts = row[19] if last_ts is None or (row[19] is not None and row[19] > last_ts) else last_ts
-        names = {v: k for k, v in rollups.METRICS.items()}
-        for _, _, metric, b, n in _sketch_rows(run, parts.rollup, _NULL, _NULL):
-            counts = metrics[names[int(metric)]].counts
-            counts[int(b)] = counts.get(int(b), 0) + int(n)
+        every_metric = [metrics[name].counts for name in rollups.METRICS]
+        _merge_sketches(run, parts.rollup, _NULL, _NULL, dialect, lambda g, b: every_metric)
     scanned = 0
     in_flight = 0
     rates: list[float] = []
@@ -345,12 +377,13 @@ def groups(
             a["priced"] += int(priced)
             a["duration"].add_sums(dn, 0.0, dmax)
             a["ttfe"].add_sums(tn, 0.0, tmax)
-        names = {v: k for k, v in rollups.METRICS.items()}
-        for g, b, metric, sb, n in _sketch_rows(run, parts.rollup, group, rolled_bucket):
-            if names[int(metric)] == "rate":
-                continue
-            counts = acc((g, b))[names[int(metric)]].counts
-            counts[int(sb)] = counts.get(int(sb), 0) + int(n)
+        unused: dict[int, int] = {}  # the output rate: not a column of a grouped row
+
+        def metric_counts(g: Any, b: Any) -> list[dict[int, int]]:
+            a = acc((g, b))
+            return [a["duration"].counts, a["ttfe"].counts, unused]
+
+        _merge_sketches(run, parts.rollup, group, rolled_bucket, dialect, metric_counts)
     scanned = 0
     for where, params in parts.scans:
         rows = run(

@@ -5,32 +5,50 @@ combination of the columns a breakdown or a
 filter names (`DIMENSIONS`: model, tenant, key, worker, backend, status, error code and type,
 stop reason, stream, hung up, cut), with the sums `journal.stats` and `journal.groups` need:
 requests, tokens, cost, duration and time-to-first-event counts, sums and maxima, output rate.
-`rollup_sketch` holds, per rollup row, the latency sketches (`journal.sketch`: counts per
-log-scale bucket of the duration, the time to the first event and the output rate), which merge
-by addition, so any range and breakdown adds rows instead of reading requests.
+Each rollup row also has its latency sketches (`journal.sketch`: counts per log-scale bucket
+of the duration, the time to the first event and the output rate) as one value per metric
+(`SKETCHES`, in `rollup_sketches` under the row's `rid`), which merge by addition, so any
+range and breakdown reads and adds rows, never requests, and a row's cost does not grow with
+the spread of its latencies.
 
-SQL triggers on `requests` keep them: a request is counted when its summary row says
-`completed` (in the commit that writes it, whoever writes it: the writer's batch, recovery, an
-upsert), and moved when a completed row changes (a request closed as interrupted and then
-completed). The writer's hot path awaits nothing new; its commit does a few more B-tree writes.
+Counting happens once per transaction, grouped (`fold`): the writer folds at the end of each
+batch's transaction (`journal.writer`), prune before it deletes. What to fold is noted by
+small SQL triggers on `requests`, one plain insert into `rollup_pending` each: the values of a
+row that becomes `completed` (sign 1), and, for the rare completed row that changes afterwards
+(a request closed as interrupted and then completed, a late event, a price set later), its
+old values (sign -1) and its new ones. `fold` adds the noted rows into the rollups by group (a
+few upserts per batch, not a dozen per request) and empties the table, in the same
+transaction; so whoever writes `requests` (a tool, a test) calls `fold` before committing.
 Requests in flight are not in the rollups: a query reads them from the summary table through
 the partial index `requests_in_flight`, which holds only them.
 
-Pruning (`journal.retention`) subtracts the requests it deletes, grouped, in its own
+Pruning (`journal.retention`) subtracts the requests it deletes (`discount`) in its own
 transaction: the rollups always describe the requests the file holds, and a scan of the same
 selection gives the same counts and sums. Max durations are kept as maxima (a subtraction
-cannot lower one), so after a prune or a moved row a max is an upper bound.
+cannot lower one), so after a prune or a moved row a max is an upper bound. A row a
+subtraction empties is deleted.
+
+The sums and sketches are computed in Python (the same code for the writer's fold, prune and
+the migration's backfill); the upsert merges a stored sketch with SQL function
+`smg_sketch_add` (`register`, which `journal.schema.connect` calls on every connection it opens).
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from journal import sketch
 
 TABLE = "rollups"
-SKETCH_TABLE = "rollup_sketch"
+SKETCHES_TABLE = "rollup_sketches"
+"""The sketches of each rollup row (`rid`): one value per metric, `SKETCHES`. Beside the sums,
+not among them, so that a read of the sums stays a read of small rows."""
+PENDING_TABLE = "rollup_pending"
+V7_SKETCH_TABLE = "rollup_sketch"
+"""Where schema v7 kept the sketches, a row per bucket (`upgrade` replaces it)."""
 MINUTE = 60
 GRAINS: tuple[int, ...] = (86400, 3600, 60)
 """The widths (seconds) a request is counted at, coarsest first: a day, an hour, a minute. A
@@ -54,29 +72,12 @@ DIMENSIONS: tuple[str, ...] = (
 """The `requests` columns a rollup row is keyed by (beside its minute, `ts`), named as there."""
 
 METRICS: dict[str, int] = {"duration": 0, "ttfe": 1, "rate": 2}
-"""The sketches kept per rollup row and their number in `rollup_sketch.metric`."""
+"""The sketches kept per rollup row, in the order of `SKETCHES`."""
+SKETCHES: tuple[str, ...] = ("duration_sketch", "ttfe_sketch", "rate_sketch")
+"""The rollup columns holding each metric's sketch (`journal.sketch.encode`)."""
 
 _INTEGER_DIMENSIONS = frozenset({"status", "stream", "hung_up", "cut_mid_stream"})
 _SENTINEL = "X'00'"  # what NULL is in the unique key: a blob, which no column holds
-
-
-def _is_int(expr: str) -> str:
-    return f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} ELSE 0 END"
-
-
-def _number(expr: str) -> str:
-    return f"CASE WHEN typeof({expr}) IN ('integer', 'real') THEN {expr} END"
-
-
-def _rated(r: str) -> str:
-    return (
-        f"(typeof({r}.output_tokens) = 'integer' AND typeof({r}.duration_ms) IN ('integer', 'real')"
-        f" AND {r}.duration_ms > 0)"
-    )
-
-
-def _rate(r: str) -> str:
-    return f"CASE WHEN {_rated(r)} THEN {r}.output_tokens * 1000.0 / {r}.duration_ms END"
 
 
 _KEY = ("grain", "ts", *DIMENSIONS)
@@ -121,39 +122,28 @@ _DDL = f"""
         ttfe_max     REAL
     )
 """
+_SKETCHES_DDL = (
+    f"CREATE TABLE {SKETCHES_TABLE} (rid INTEGER PRIMARY KEY,"  # rollups.rid
+    f" {', '.join(f'{c} BLOB' for c in SKETCHES)})"  # journal.sketch.encode
+)
+
+_NOTED: tuple[str, ...] = ("ts", *DIMENSIONS, "input_tokens", "output_tokens", "cost_usd", "duration_ms", "ttfe_ms")
+"""The `requests` columns a rollup row is made of: what `rollup_pending` notes of a request."""
+_PENDING_DDL = f"CREATE TABLE {PENDING_TABLE} (sign INTEGER NOT NULL, {', '.join(_NOTED)})"
+_CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _NOTED)
 
 
-def _start(ts: str, grain: int) -> str:
-    return f"CAST({ts} / {grain} AS INTEGER) * {grain}"
+def _note(r: str, sign: int) -> str:
+    return f"INSERT INTO {PENDING_TABLE} VALUES ({sign}, {', '.join(f'{r}.{c}' for c in _NOTED)});"
 
 
-def _row_values(r: str, sign: int, grain: int) -> str:
-    """The VALUES of one request `r` (NEW or OLD) counted with `sign` (1 or -1) at `grain`."""
-    s = f"{sign} * "
-    return ", ".join(
-        [
-            str(grain),
-            _start(f"{r}.ts", grain),
-            *(f"{r}.{c}" for c in DIMENSIONS),
-            f"{sign}",
-            s + _is_int(f"{r}.input_tokens"),
-            s + _is_int(f"{r}.output_tokens"),
-            s + f"IFNULL({_number(f'{r}.cost_usd')}, 0)",
-            s + f"({_number(f'{r}.cost_usd')} IS NOT NULL)",
-            s + f"({_number(f'{r}.duration_ms')} IS NOT NULL)",
-            s + f"IFNULL({_number(f'{r}.duration_ms')}, 0)",
-            s + f"({_number(f'{r}.ttfe_ms')} IS NOT NULL)",
-            s + f"IFNULL({_number(f'{r}.ttfe_ms')}, 0)",
-            s + f"{_rated(r)}",
-            s + f"CASE WHEN {_rated(r)} THEN {r}.output_tokens ELSE 0 END",
-            s + f"CASE WHEN {_rated(r)} THEN {r}.duration_ms ELSE 0 END",
-            _number(f"{r}.ts"),
-            _number(f"{r}.ts"),
-            _number(f"{r}.duration_ms"),
-            _number(f"{r}.ttfe_ms"),
-        ]
-    )
-
+_TRIGGERS = (
+    f"CREATE TRIGGER {TABLE}_insert AFTER INSERT ON requests WHEN NEW.completed = 1 BEGIN {_note('NEW', 1)} END",
+    f"CREATE TRIGGER {TABLE}_complete AFTER UPDATE OF completed ON requests"
+    f" WHEN OLD.completed = 0 AND NEW.completed = 1 BEGIN {_note('NEW', 1)} END",
+    f"CREATE TRIGGER {TABLE}_change AFTER UPDATE OF {', '.join(_NOTED)} ON requests"
+    f" WHEN OLD.completed = 1 AND ({_CHANGED}) BEGIN {_note('OLD', -1)} {_note('NEW', 1)} END",
+)
 
 _COLUMNS = ", ".join((*_KEY, *_MEASURES, *_MAXIMA))
 _MERGE = ", ".join(
@@ -163,141 +153,216 @@ _MERGE = ", ".join(
         *(f"{m} = max(IFNULL({m}, excluded.{m}), IFNULL(excluded.{m}, {m}))" for m in _MAXIMA[1:]),
     ]
 )
-_UPSERT = f"ON CONFLICT ({_KEY_EXPRS}) DO UPDATE SET {_MERGE}"
-
-
-def _count(r: str, sign: int) -> str:
-    """The trigger statements that count request `r` with `sign` in its rollup rows (one per
-    grain) and their sketches."""
-    statements = []
-    for grain in GRAINS:
-        key = {"grain": str(grain), "ts": _start(f"{r}.ts", grain)}
-        match = " AND ".join(f"IFNULL({c}, {_SENTINEL}) = IFNULL({key.get(c, f'{r}.{c}')}, {_SENTINEL})" for c in _KEY)
-        statements.append(f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({_row_values(r, sign, grain)}) {_UPSERT};")
-        for metric, expr in (
-            (METRICS["duration"], f"{r}.duration_ms"),
-            (METRICS["ttfe"], f"{r}.ttfe_ms"),
-            (METRICS["rate"], _rate(r)),
-        ):
-            b = sketch.bucket_sql(expr)
-            statements.append(
-                f"INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)"
-                f" SELECT (SELECT rid FROM {TABLE} WHERE {match}), {metric}, {b}, {sign} WHERE {b} IS NOT NULL"
-                " ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = n + excluded.n;"
-            )
-    return "\n".join(statements)
-
-
-_CHANGED = " OR ".join(
-    f"OLD.{c} IS NOT NEW.{c}"
-    for c in ("ts", *DIMENSIONS, "input_tokens", "output_tokens", "cost_usd", "duration_ms", "ttfe_ms")
+_UPSERT = (
+    f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES ({', '.join('?' * (len(_KEY) + len(_MEASURES) + len(_MAXIMA)))})"
+    f" ON CONFLICT ({_KEY_EXPRS}) DO UPDATE SET {_MERGE}"
 )
-_WATCHED = ", ".join(
-    ("completed", "ts", *DIMENSIONS, "input_tokens", "output_tokens", "cost_usd", "duration_ms", "ttfe_ms")
+_ROW_OF_KEY = " AND ".join(f"IFNULL({c}, {_SENTINEL}) = IFNULL(?, {_SENTINEL})" for c in _KEY)
+_UPSERT_SKETCHES = (
+    f"INSERT INTO {SKETCHES_TABLE} (rid, {', '.join(SKETCHES)}) SELECT rid, ?, ?, ? FROM {TABLE} WHERE {_ROW_OF_KEY}"
+    f" ON CONFLICT (rid) DO UPDATE SET {', '.join(f'{c} = smg_sketch_add({c}, excluded.{c})' for c in SKETCHES)}"
 )
+_SELECTED = ", ".join(f"r.{c}" for c in _NOTED)
+_BIG = 1e15  # an arrival no calendar holds has no time bucket (as in the fleet journal)
 
 
-def create(conn: sqlite3.Connection) -> None:
+def register(conn: sqlite3.Connection) -> None:
+    """Give `conn` the SQL function the rollups' upsert merges sketches with."""
+    conn.create_function("smg_sketch_add", 2, sketch.add_encoded, deterministic=True)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float)
+
+
+class _Sums:
+    """What requests add up to in one rollup row, in `_UPSERT`'s order (after the key)."""
+
+    __slots__ = ("measures", "maxima", "sketches")
+
+    def __init__(self) -> None:
+        self.measures: list[float] = [0] * len(_MEASURES)
+        self.maxima: list[float | None] = [None] * len(_MAXIMA)
+        self.sketches: tuple[dict[int, int], ...] = ({}, {}, {})
+
+    def params(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (*key, *self.measures, *self.maxima)
+
+    def sketch_params(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        stored = [sketch.encode(s) for s in self.sketches]
+        return None if stored == [None, None, None] else (*stored, *key)
+
+
+def _top(current: float | None, value: float) -> float:
+    return value if current is None or value > current else current
+
+
+def _accumulate(groups: dict[tuple[Any, ...], _Sums], rows: Iterable[Sequence[Any]]) -> bool:
+    """Add `rows` (a sign, then the `_NOTED` columns) into `groups`, at every grain; whether
+    any row was subtracted. Requests are added into their minute rows, and the minutes into
+    their hours and days (a minute of many requests is one addition there, not many)."""
+    subtracted = False
+    bucket = sketch.bucket
+    finest = GRAINS[-1]
+    minutes: dict[tuple[Any, ...], _Sums] = {}
+    for row in rows:
+        sign, ts, *dims = row[: 2 + len(DIMENSIONS)]
+        tin, tout, cost, dur, ttfe = row[2 + len(DIMENSIONS) :]
+        subtracted = subtracted or sign < 0
+        key = (finest, math.trunc(ts / finest) * finest if _num(ts) and abs(ts) < _BIG else None, *dims)
+        sums = minutes.get(key)
+        if sums is None:
+            sums = minutes[key] = _Sums()
+        m = sums.measures
+        m[0] += sign
+        if isinstance(tin, int):
+            m[1] += sign * tin
+        if isinstance(tout, int):
+            m[2] += sign * tout
+        if _num(cost):
+            m[3] += sign * cost
+            m[4] += sign
+        x = sums.maxima
+        if _num(ts):
+            x[0] = ts if x[0] is None or ts < x[0] else x[0]
+            x[1] = _top(x[1], ts)
+        duration, first_event, rate = sums.sketches
+        if _num(dur):
+            m[5] += sign
+            m[6] += sign * dur
+            x[2] = _top(x[2], dur)
+            b = bucket(dur)
+            duration[b] = duration.get(b, 0) + sign
+            if isinstance(tout, int) and dur > 0:
+                m[9] += sign
+                m[10] += sign * tout
+                m[11] += sign * dur
+                b = bucket(tout * 1000.0 / dur)
+                rate[b] = rate.get(b, 0) + sign
+        if _num(ttfe):
+            m[7] += sign
+            m[8] += sign * ttfe
+            x[3] = _top(x[3], ttfe)
+            b = bucket(ttfe)
+            first_event[b] = first_event.get(b, 0) + sign
+    for key, sums in minutes.items():
+        _add(groups, key, sums)
+        for grain in GRAINS[:-1]:
+            _add(groups, (grain, None if key[1] is None else math.trunc(key[1] / grain) * grain, *key[2:]), sums)
+    return subtracted
+
+
+def _add(groups: dict[tuple[Any, ...], _Sums], key: tuple[Any, ...], sums: _Sums) -> None:
+    into = groups.get(key)
+    if into is None:
+        into = groups[key] = _Sums()
+    into.measures = [a + b for a, b in zip(into.measures, sums.measures, strict=True)]
+    lo, top = into.maxima, sums.maxima
+    into.maxima = [
+        top[0] if lo[0] is None or (top[0] is not None and top[0] < lo[0]) else lo[0],
+        *(b if a is None or (b is not None and b > a) else a for a, b in zip(lo[1:], top[1:], strict=True)),
+    ]
+    for counts, more in zip(into.sketches, sums.sketches, strict=True):
+        for b, c in more.items():
+            counts[b] = counts.get(b, 0) + c
+
+
+def _write(conn: sqlite3.Connection, groups: dict[tuple[Any, ...], _Sums], subtracted: bool) -> None:
+    conn.executemany(_UPSERT, [sums.params(key) for key, sums in groups.items()])
+    stored = [sums.sketch_params(key) for key, sums in groups.items()]
+    conn.executemany(_UPSERT_SKETCHES, [p for p in stored if p is not None])
+    if subtracted:  # the rows a subtraction emptied go
+        spans = list({(key[0], key[1]) for key in groups})
+        emptied = f"SELECT rid FROM {TABLE} WHERE grain = ? AND ts IS ? AND requests <= 0"
+        conn.executemany(f"DELETE FROM {SKETCHES_TABLE} WHERE rid IN ({emptied})", spans)
+        conn.executemany(f"DELETE FROM {TABLE} WHERE grain = ? AND ts IS ? AND requests <= 0", spans)
+
+
+def fold(conn: sqlite3.Connection) -> int:
+    """Count what `rollup_pending` notes into the rollups, grouped, and empty it (in the
+    caller's transaction); how many notes were folded."""
+    notes = conn.execute(f"SELECT * FROM {PENDING_TABLE}").fetchall()
+    if not notes:
+        return 0
+    groups: dict[tuple[Any, ...], _Sums] = {}
+    _write(conn, groups, _accumulate(groups, notes))
+    conn.execute(f"DELETE FROM {PENDING_TABLE}")
+    return len(notes)
+
+
+def create(conn: sqlite3.Connection, progress: Callable[[int, int], None] | None = None) -> None:
     """Create the rollup tables, their triggers and the in-flight index, and count every
-    completed request already in the file (one grouped pass; part of the migration)."""
+    completed request already in the file (part of the migration)."""
+    _tables(conn)
+    conn.execute("CREATE INDEX requests_in_flight ON requests (ts) WHERE completed = 0")
+    backfill(conn, progress)
+
+
+def _tables(conn: sqlite3.Connection) -> None:
     conn.execute(_DDL)
     conn.execute(f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({_KEY_EXPRS})")
     conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)")
-    conn.execute(
-        f"CREATE TABLE {SKETCH_TABLE} (rid INTEGER NOT NULL, metric INTEGER NOT NULL, bucket INTEGER NOT NULL,"
-        " n INTEGER NOT NULL, PRIMARY KEY (rid, metric, bucket)) WITHOUT ROWID"
-    )
-    conn.execute("CREATE INDEX requests_in_flight ON requests (ts) WHERE completed = 0")
-    backfill(conn)
-    conn.execute(
-        f"CREATE TRIGGER {TABLE}_insert AFTER INSERT ON requests WHEN NEW.completed = 1 BEGIN\n{_count('NEW', 1)}\nEND"
-    )
-    conn.execute(
-        f"CREATE TRIGGER {TABLE}_complete AFTER UPDATE OF {_WATCHED} ON requests"
-        f" WHEN OLD.completed = 0 AND NEW.completed = 1 BEGIN\n{_count('NEW', 1)}\nEND"
-    )
-    conn.execute(
-        f"CREATE TRIGGER {TABLE}_change AFTER UPDATE OF {_WATCHED} ON requests"
-        f" WHEN OLD.completed = 1 AND ({_CHANGED}) BEGIN\n{_count('OLD', -1)}\n"
-        f"{_count('NEW', 1)}\nEND"
-    )
+    conn.execute(_SKETCHES_DDL)
+    conn.execute(_PENDING_DDL)
+    for trigger in _TRIGGERS:
+        conn.execute(trigger)
 
 
-def _grouped(where: str, sign: int, grain: int) -> tuple[str, str]:
-    """The two statements that count (`sign` 1) or discount (-1) the completed requests `where`
-    selects at `grain`, grouped: into the rollups, then into the sketches."""
-    r = "r"
-    sums = [
-        f"{sign} * count(*)",
-        f"{sign} * total({_is_int('input_tokens')})",
-        f"{sign} * total({_is_int('output_tokens')})",
-        f"{sign} * total({_number('cost_usd')})",
-        f"{sign} * count({_number('cost_usd')})",
-        f"{sign} * count({_number('duration_ms')})",
-        f"{sign} * total({_number('duration_ms')})",
-        f"{sign} * count({_number('ttfe_ms')})",
-        f"{sign} * total({_number('ttfe_ms')})",
-        f"{sign} * total({_rated(r)})",
-        f"{sign} * total(CASE WHEN {_rated(r)} THEN output_tokens END)",
-        f"{sign} * total(CASE WHEN {_rated(r)} THEN duration_ms END)",
-        f"min({_number('ts')})",
-        f"max({_number('ts')})",
-        f"max({_number('duration_ms')})",
-        f"max({_number('ttfe_ms')})",
-    ]
-    minute = _start("ts", grain)
-    dims = ", ".join(DIMENSIONS)
-    rollup = (
-        f"INSERT INTO {TABLE} ({_COLUMNS}) SELECT {grain}, {minute}, {dims}, {', '.join(sums)}"
-        f" FROM requests AS r WHERE completed = 1 AND ({where}) GROUP BY {minute}, {dims} {_UPSERT}"
-    )
-    match = " AND ".join(f"IFNULL(k.{c}, {_SENTINEL}) = IFNULL(v.{c}, {_SENTINEL})" for c in _KEY)
-    values = " UNION ALL ".join(
-        f"SELECT {minute} AS ts, {dims}, {metric} AS metric, {sketch.bucket_sql(expr)} AS bucket FROM requests AS r"
-        f" WHERE completed = 1 AND ({where})"
-        for metric, expr in ((0, "r.duration_ms"), (1, "r.ttfe_ms"), (2, _rate("r")))
-    )
-    sketches = (
-        f"INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)"
-        f" SELECT k.rid, v.metric, v.bucket, {sign} * v.n FROM"
-        f" (SELECT {grain} AS grain, ts, {dims}, metric, bucket, count(*) AS n FROM ({values}) WHERE bucket IS NOT NULL"
-        f" GROUP BY ts, {dims}, metric, bucket) AS v JOIN {TABLE} AS k ON {match}"
-        " WHERE 1 ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = n + excluded.n"
-    )
-    return rollup, sketches
+def upgrade(conn: sqlite3.Connection, progress: Callable[[int, int], None] | None = None) -> None:
+    """Schema v8: rollups of schema v7 (per-row triggers, a `rollup_sketch` row per bucket) are
+    rebuilt as one sketch value per row, noted by the small triggers and folded per batch. A
+    file that came to v7 from an older one through this version's `create` has them already."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (V7_SKETCH_TABLE,)).fetchone() is None:
+        return
+    for trigger in ("insert", "complete", "change"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {TABLE}_{trigger}")
+    conn.execute(f"DROP TABLE {V7_SKETCH_TABLE}")
+    conn.execute(f"DROP TABLE {TABLE}")
+    _tables(conn)
+    backfill(conn, progress)
 
 
-def backfill(conn: sqlite3.Connection) -> None:
-    """Count every completed request of the file (the tables must be empty)."""
-    for grain in GRAINS:
-        for statement in _grouped("1", 1, grain):
-            conn.execute(statement)
+_CHUNK = 50_000
+
+
+def backfill(conn: sqlite3.Connection, progress: Callable[[int, int], None] | None = None) -> None:
+    """Count every completed request of the file (the rollups must be empty), in chunks of
+    the table's order; `progress(done, total)` after each."""
+    total = int(conn.execute("SELECT count(*) FROM requests WHERE completed = 1").fetchone()[0])
+    done, after = 0, None
+    while True:
+        chunk = conn.execute(
+            f"SELECT rk, 1, {_SELECTED} FROM requests AS r WHERE completed = 1"
+            f"{'' if after is None else ' AND rk > ?'} ORDER BY rk LIMIT {_CHUNK}",
+            () if after is None else (after,),
+        ).fetchall()
+        if not chunk:
+            break
+        after = chunk[-1][0]
+        groups: dict[tuple[Any, ...], _Sums] = {}
+        _accumulate(groups, (row[1:] for row in chunk))
+        _write(conn, groups, False)
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
 
 
 def discount(conn: sqlite3.Connection, where: str, params: Sequence[object]) -> None:
     """Take the completed requests `where` selects out of the rollups (before deleting them;
-    in the caller's transaction). The rows and sketch buckets it empties are deleted: a journal
-    pruned to a size must not keep the rollups of requests it no longer holds."""
-    span = conn.execute(
-        f"SELECT min({_number('ts')}), max({_number('ts')}) FROM requests AS r WHERE completed = 1 AND ({where})",
-        list(params),
-    ).fetchone()
-    for grain in GRAINS:
-        rollup, sketches = _grouped(where, -1, grain)
-        conn.execute(sketches, list(params) * 3)
-        conn.execute(rollup, list(params))
-    if span is None or span[0] is None:
-        return
-    for grain in GRAINS:
-        # Only the rows of the time the pruned requests arrived in can have been emptied.
-        rows = f"SELECT rid FROM {TABLE} WHERE grain = ? AND ts BETWEEN ? AND ?"
-        bounds = (grain, int(span[0]) // grain * grain, int(span[1]))
-        conn.execute(f"DELETE FROM {SKETCH_TABLE} WHERE n <= 0 AND rid IN ({rows})", bounds)
-        conn.execute(f"DELETE FROM {SKETCH_TABLE} WHERE rid IN ({rows} AND requests <= 0)", bounds)
-        conn.execute(f"DELETE FROM {TABLE} WHERE grain = ? AND ts BETWEEN ? AND ? AND requests <= 0", bounds)
+    in the caller's transaction). The rows it empties are deleted: a journal pruned to a size
+    must not keep the rollups of requests it no longer holds."""
+    fold(conn)  # what is noted and not folded yet is counted before it is taken out
+    rows = conn.execute(
+        f"SELECT -1, {_SELECTED} FROM requests AS r WHERE completed = 1 AND ({where})", list(params)
+    ).fetchall()
+    if rows:
+        groups: dict[tuple[Any, ...], _Sums] = {}
+        _accumulate(groups, rows)
+        _write(conn, groups, True)
 
 
 def present(conn: sqlite3.Connection) -> bool:
-    """Whether the file keeps rollups (schema v7 and later)."""
-    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
+    """Whether the file keeps rollups this version reads (schema v8 and later; a v7 file's
+    are not, and a reader scans it until a writer migrates it)."""
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SKETCHES_TABLE,)).fetchone()
     return row is not None

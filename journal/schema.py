@@ -9,7 +9,10 @@ listing needs (`journal.query`) and the `bodies` column (`journal.bodies`); vers
 and the full-text index (`journal.search`); version 6 makes the summary's indexes cheaper to
 keep (below); version 7 adds `cost_usd` (`journal.prices`) and the rollups (`journal.rollups`:
 the tables, their triggers, the completed requests already in the file counted once, and the
-partial index of the requests in flight). Add a migration by appending a function; never edit one that has shipped.
+partial index of the requests in flight); version 8 keeps each rollup row's sketches as one value
+and folds the rollups once per transaction (`journal.rollups.upgrade`; a file that reaches v7 from
+an older one is given that shape by v7 already, so its requests are counted once). Add a migration
+by appending a function; never edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
 every request (`msg_…`/`req_…`), so two requests are never one record. The id the client sent
@@ -229,11 +232,20 @@ def _v6(conn: sqlite3.Connection) -> None:
 
 def _v7(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE requests ADD COLUMN cost_usd REAL")
-    rollups.create(conn)
+    rollups.create(conn, _progress)
+
+
+def _v8(conn: sqlite3.Connection) -> None:
+    rollups.upgrade(conn, _progress)
+
+
+Progress = Callable[[int, int], None]
+"""Told (requests counted, requests to count) as a migration that counts requests goes on."""
+_progress: Progress | None = None  # set by `migrate` for the step it runs
 
 
 # v5: the search columns and the text index (`journal.search.migrate`).
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6, _v7]
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6, _v7, _v8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 KEYED_VERSION = 4
@@ -299,13 +311,25 @@ def apply_pragmas(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA busy_timeout=5000")
 
 
-def migrate(conn: sqlite3.Connection, migrations: list[Migration] | None = None) -> int:
-    """Bring the database up to date; returns the resulting version.
+def migrate(
+    conn: sqlite3.Connection, migrations: list[Migration] | None = None, progress: Progress | None = None
+) -> int:
+    """Bring the database up to date; returns the resulting version. `progress` is told how
+    far the steps that count every request (the rollups') have got.
 
     Safe to call on every open and from several processes at once: the version is re-read
     under a write lock before each step. `conn` must be in autocommit mode
     (`isolation_level=None`), as `connect` makes it.
     """
+    global _progress
+    _progress = progress
+    try:
+        return _migrate(conn, migrations)
+    finally:
+        _progress = None
+
+
+def _migrate(conn: sqlite3.Connection, migrations: list[Migration] | None) -> int:
     steps = MIGRATIONS if migrations is None else migrations
     while True:
         if schema_version(conn) >= len(steps):
@@ -326,17 +350,17 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration] | None = None)
     return version
 
 
-def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """Open (creating if needed) a journal for writing: pragmas set, schema migrated.
+def connect(path: str | os.PathLike[str], progress: Progress | None = None) -> sqlite3.Connection:
+    """Open (creating if needed) a journal for writing: pragmas set, schema migrated (telling
+    `progress`, if given, how a long migration goes on).
 
     The connection is in autocommit mode; group transactions with explicit BEGIN/COMMIT.
     """
-    # The writer's summary updates are one statement per set of changed columns (up to 512 of
-    # them): each compiles the rollups' triggers (~6 ms), so every one must stay prepared.
-    conn = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False, cached_statements=1024)
+    conn = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False)
+    rollups.register(conn)
     try:
         apply_pragmas(conn)
-        migrate(conn)
+        migrate(conn, progress=progress)
     except BaseException:
         conn.close()
         raise

@@ -7,7 +7,8 @@ them and the summary rows they touch in ONE transaction, commits, and goes back 
 A request's streaming events (`tokens`, `block`, `upstream`) that follow each other in one
 batch are packed into one compact row (`journal.packed`); every other event is a JSON row.
 The same transaction indexes the text of the requests that completed in the batch
-(`journal.search.write_text`, one statement per batch). Under load a batch grows with the
+(`journal.search.write_text`, one statement per batch) and folds them into the rollups
+(`journal.rollups.fold`, a few grouped upserts per batch). Under load a batch grows with the
 backlog, so the number of commits per second stays small however many events arrive; when
 idle each event is committed on its own almost at once.
 `append` only waits when the queue is full (backpressure instead of unbounded memory).
@@ -80,7 +81,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from journal import packed, recovery, schema, search, summary
+from journal import packed, recovery, rollups, schema, search, summary
 from journal import retention as retention_mod
 from journal.bodies import BodyFilter
 from journal.events import Event, Received, Upstream
@@ -902,8 +903,9 @@ class JournalWriter:
         self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts
     ) -> tuple[_Rows, dict[str, int]]:
         """Upsert the summary rows (which gives each request its integer key), insert the
-        events under those keys and index the text of the requests that completed
-        (`journal.search`), in one transaction; the rows written.
+        events under those keys, index the text of the requests that completed
+        (`journal.search`) and fold them into the rollups (`journal.rollups.fold`), in one
+        transaction; the rows written.
 
         `BEGIN IMMEDIATE` takes the write lock up front: with several gateway processes writing
         one file, a deferred transaction that upgrades from a read could fail at once instead
@@ -929,6 +931,7 @@ class JournalWriter:
                     keys[request_id] = self._key(conn, request_id)
                 conn.executemany(_INSERT_EVENT, [(keys[r[0]], *r[1:5]) for r in rows])
                 search.write_text(conn, texts)
+                rollups.fold(conn)
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
@@ -947,6 +950,7 @@ class JournalWriter:
                         log.error("journal: summary row %s dropped: %s", params[0], exc)
                 rows = self._one_by_one(conn, rows, known | upserted)
                 search.write_text(conn, texts)
+                _fold_or_skip(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -1004,6 +1008,18 @@ class JournalWriter:
             if excess > 0:
                 for request_id in list(inflight)[:excess]:
                     del inflight[request_id]
+
+
+def _fold_or_skip(conn: sqlite3.Connection) -> None:
+    """`rollups.fold`, where a value SQLite refuses costs the batch's rollups, not its events."""
+    conn.execute("SAVEPOINT fold")
+    try:
+        rollups.fold(conn)
+    except _ROW_ERRORS as exc:
+        conn.execute("ROLLBACK TO fold")
+        conn.execute(f"DELETE FROM {rollups.PENDING_TABLE}")
+        log.error("journal: a batch's completed requests were left out of the rollups: %s", exc)
+    conn.execute("RELEASE fold")
 
 
 def _event_count(rows: _Rows) -> int:

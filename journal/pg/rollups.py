@@ -1,8 +1,10 @@
 """The fleet journal's rollups: `journal.rollups` in PostgreSQL, part of the store's schema.
 
 Same rows as the local file's (one per minute, hour and day of arrival and combination of
-`journal.rollups.DIMENSIONS`, with the same sums, and the same log-scale latency sketches in
-`rollup_sketch`), plus the partition `day` of their requests. Statement triggers on `requests`
+`journal.rollups.DIMENSIONS`, with the same sums, and the same log-scale latency sketches as one
+value per row and metric in `rollup_sketches`: here a `jsonb` object of bucket to count, merged
+by SQL function `smg_sketch_add` and summed by bucket in the database when read), plus the
+partition `day` of their requests. Statement triggers on `requests`
 (one per insert, update and delete, over the statement's transition tables, so a shipped batch
 is counted by a few grouped upserts) count a row that is completed when it is inserted, move
 one when it is updated (the shipper's upsert of a request whose summary changed after it
@@ -22,7 +24,8 @@ from journal import rollups as local
 from journal import sketch
 
 TABLE = local.TABLE
-SKETCH_TABLE = local.SKETCH_TABLE
+SKETCHES_TABLE = local.SKETCHES_TABLE
+V3_SKETCH_TABLE = local.V7_SKETCH_TABLE  # schema v3's, a row per bucket (`upgrade` replaces it)
 _KEY = ("day", "grain", "ts", *local.DIMENSIONS)
 _GRAINS = f"(VALUES {', '.join(f'({g})' for g in local.GRAINS)}) AS g (grain)"
 _INTEGER = {"status", "stream", "hung_up", "cut_mid_stream"}
@@ -89,37 +92,20 @@ _TABLES = (
     )""",
     f"CREATE UNIQUE INDEX {TABLE}_key ON {TABLE} ({', '.join(_KEY)}) NULLS NOT DISTINCT",
     f"CREATE INDEX {TABLE}_ts ON {TABLE} (grain, ts)",
-    f"CREATE TABLE {SKETCH_TABLE} (rid bigint NOT NULL REFERENCES {TABLE} ON DELETE CASCADE,"
-    " metric smallint NOT NULL, bucket bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (rid, metric, bucket))",
-    # Filled in below, once the grouped statements are built.
+)
+_SKETCHES = (
+    f"CREATE TABLE {SKETCHES_TABLE} (rid bigint PRIMARY KEY REFERENCES {TABLE} ON DELETE CASCADE,"
+    f" {', '.join(f'{c} jsonb' for c in local.SKETCHES)})",
+    # The union of two sketches: counts added by bucket, the buckets that reach zero dropped.
+    """CREATE OR REPLACE FUNCTION smg_sketch_add(a jsonb, b jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_object_agg(k, n) FROM (
+        SELECT k, sum(v::bigint) AS n FROM (
+            SELECT * FROM jsonb_each_text(COALESCE(a, '{}')) UNION ALL SELECT * FROM jsonb_each_text(COALESCE(b, '{}'))
+        ) AS e (k, v) GROUP BY k HAVING sum(v::bigint) <> 0
+    ) AS s $$""",
 )
 
 _R_DIMS, _K_DIMS, _V_DIMS = (", ".join(f"{t}.{c}" for c in local.DIMENSIONS) for t in ("r", "k", "v"))
-_BACKFILL = (
-    f"""INSERT INTO {TABLE} ({_COLUMNS})
-    SELECT r.day, g.grain, {_MINUTE}, {_R_DIMS}, count(*),
-        COALESCE(sum(r.input_tokens), 0), COALESCE(sum(r.output_tokens), 0), COALESCE(sum(r.cost_usd), 0),
-        count(r.cost_usd), count(r.duration_ms), COALESCE(sum(r.duration_ms), 0), count(r.ttfe_ms),
-        COALESCE(sum(r.ttfe_ms), 0), count(*) FILTER (WHERE {_RATED}),
-        COALESCE(sum(r.output_tokens) FILTER (WHERE {_RATED}), 0),
-        COALESCE(sum(r.duration_ms) FILTER (WHERE {_RATED}), 0),
-        min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
-    FROM requests r CROSS JOIN {_GRAINS} WHERE r.completed = 1 GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}""",
-    # Grouped first, then joined to the rollup rows on (day, minute), which a hash join can
-    # use; the other dimensions, NULL for some, are compared after.
-    f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
-    SELECT k.rid, v.metric, v.bucket, v.n FROM (
-        SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket,
-            count(*) AS n
-        FROM requests r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
-            (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
-            AS m (metric, bucket)
-        WHERE r.completed = 1 AND m.bucket IS NOT NULL
-        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
-    ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
-        AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})""",
-)
-
 
 
 def _counted(source: str) -> tuple[str, str]:
@@ -137,17 +123,22 @@ def _counted(source: str) -> tuple[str, str]:
         min(r.ts), max(r.ts), max(r.duration_ms), max(r.ttfe_ms)
     FROM ({source}) r CROSS JOIN {_GRAINS} GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}
     ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}"""
-    sketches = f"""INSERT INTO {SKETCH_TABLE} (rid, metric, bucket, n)
-    SELECT k.rid, v.metric, v.bucket, v.n FROM (
+    per_metric = ", ".join(
+        f"jsonb_object_agg(v.bucket, v.n) FILTER (WHERE v.metric = {m})" for m in range(len(local.SKETCHES))
+    )
+    merged = ", ".join(f"{c} = smg_sketch_add({SKETCHES_TABLE}.{c}, excluded.{c})" for c in local.SKETCHES)
+    sketches = f"""INSERT INTO {SKETCHES_TABLE} (rid, {", ".join(local.SKETCHES)})
+    SELECT k.rid, {per_metric} FROM (
         SELECT r.day, g.grain, {_MINUTE} AS ts, {_R_DIMS}, m.metric, m.bucket, sum(r.sign) AS n
         FROM ({source}) r CROSS JOIN {_GRAINS} CROSS JOIN LATERAL
             (VALUES (0, {_bucket("r.duration_ms")}), (1, {_bucket("r.ttfe_ms")}), (2, {_bucket(_RATE)}))
             AS m (metric, bucket)
         WHERE m.bucket IS NOT NULL
-        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket
+        GROUP BY r.day, g.grain, {_MINUTE}, {_R_DIMS}, m.metric, m.bucket HAVING sum(r.sign) <> 0
     ) v JOIN {TABLE} k ON k.day = v.day AND k.grain = v.grain AND COALESCE(k.ts, -1) = COALESCE(v.ts, -1)
         AND ({_K_DIMS}) IS NOT DISTINCT FROM ({_V_DIMS})
-    ON CONFLICT (rid, metric, bucket) DO UPDATE SET n = {SKETCH_TABLE}.n + excluded.n"""
+    GROUP BY k.rid
+    ON CONFLICT (rid) DO UPDATE SET {merged}"""
     return rollup, sketches
 
 
@@ -166,24 +157,45 @@ _STATEMENTS = {
 def _function(event: str) -> str:
     rollup, sketches = _counted(_STATEMENTS[event][1])
     return (
-        f"CREATE FUNCTION smg_rollup_{event.lower()}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"CREATE OR REPLACE FUNCTION smg_rollup_{event.lower()}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
         f"BEGIN\n{rollup};\n{sketches};\nRETURN NULL;\nEND $$"
     )
 
 
-_DDL = (*_TABLES, *(_function(event) for event in _STATEMENTS))
+_FUNCTIONS = tuple(_function(event) for event in _STATEMENTS)
+_DDL = (*_TABLES, *_SKETCHES, *_FUNCTIONS)
 _TRIGGERS = tuple(
     f"CREATE TRIGGER requests_rollup_{event.lower()} AFTER {event} ON requests {referencing}"
     f" FOR EACH STATEMENT EXECUTE FUNCTION smg_rollup_{event.lower()}()"
     for event, (referencing, _) in _STATEMENTS.items()
 )
 
+
 def migrate(conn: psycopg.Connection[Any]) -> None:
     """Schema v3: `cost_usd`, the rollup tables, their trigger, and the completed requests
-    already shipped counted once."""
+    already shipped counted once (in v4's shape: a database that reaches v3 through this
+    version needs nothing of `upgrade`)."""
     for statement in _DDL:
         conn.execute(statement)  # built from constants
-    for statement in _BACKFILL:
+    for statement in _counted("SELECT 1 AS sign, r.* FROM requests r WHERE r.completed = 1"):
         conn.execute(statement)
     for trigger in _TRIGGERS:
         conn.execute(trigger)
+
+
+def upgrade(conn: psycopg.Connection[Any]) -> None:
+    """Schema v4: v3's sketches, a `rollup_sketch` row per bucket, become one value per rollup
+    row and metric, and the trigger functions write them so."""
+    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (V3_SKETCH_TABLE,)).fetchone()
+    if not found or not found[0]:
+        return
+    for statement in _SKETCHES:
+        conn.execute(statement)
+    per_metric = ", ".join(f"jsonb_object_agg(bucket, n) FILTER (WHERE metric = {m})" for m in range(3))
+    conn.execute(
+        f"INSERT INTO {SKETCHES_TABLE} (rid, {', '.join(local.SKETCHES)})"
+        f" SELECT rid, {per_metric} FROM {V3_SKETCH_TABLE} WHERE n <> 0 GROUP BY rid"
+    )
+    conn.execute(f"DROP TABLE {V3_SKETCH_TABLE}")
+    for function in _FUNCTIONS:
+        conn.execute(function)

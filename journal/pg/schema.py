@@ -219,12 +219,13 @@ def _backfill_text(conn: psycopg.Connection[Any]) -> None:
             cur.executemany("INSERT INTO request_text (day, rk, body) VALUES (%s, %s, %s)", texts)
 
 
-MIGRATIONS: list[Migration] = [_v1, _v2, rollups.migrate]
+MIGRATIONS: list[Migration] = [_v1, _v2, rollups.migrate, rollups.upgrade]
 SCHEMA_VERSION = len(MIGRATIONS)
 _DESCRIPTIONS = (
     "requests, events and replicas, partitioned by day",
     "full-text search (request_text)",
     "cost_usd and the rollups (journal.pg.rollups)",
+    "one sketch value per rollup row and metric (journal.pg.rollups.upgrade)",
 )
 
 

@@ -258,9 +258,11 @@ def check_journal(path: Path) -> None:
     import sqlite3
 
     from journal import recovery, schema
+    from smg.cli.migrating import MigrationProgress
 
     try:
-        conn = schema.connect(path)
+        with MigrationProgress(str(path)) as progress:
+            conn = schema.connect(path, progress=progress)
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")

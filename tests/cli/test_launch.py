@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,19 @@ def test_a_journal_whose_writers_cannot_register_is_one_line_and_exit_2(tmp_path
     errors = [line for line in done.stderr.splitlines() if line.startswith("smg launch:")]
     assert len(errors) == 1 and str(journal) in errors[0] and "live writer" in errors[0], done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_journal_migrated_at_launch_says_how_its_rollups_are_counted(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    fixture = Path(__file__).parent.parent / "journal" / "data" / "journal-v7.db.gz"
+    journal.write_bytes(gzip.decompress(fixture.read_bytes()))  # 200 requests, schema 7
+    (tmp_path / ".journal.db.writers").write_text("")  # stops the launch right after the migration
+    done = subprocess.run(
+        [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", "1", "--journal", str(journal),
+         "--worker-urls", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert f"smg: migrating {journal}: counting 200 requests into the rollups" in lines, done.stderr
+    assert any(line.startswith(f"smg: migrated {journal}: 200 requests counted in ") for line in lines), done.stderr

@@ -190,7 +190,7 @@ def test_a_callers_key_is_matched_by_its_fleet_fingerprints(
     table = [row("new", key_fp=fp("sk-ant-mine", secret.encode())), row("old", key_fp=fp("sk-ant-mine"))]
     table.append(row("other", key_fp=fp("sk-ant-other", secret.encode())))
     # What the module's other loads counted: their TRUNCATE fires no trigger.
-    fleet_db.execute("TRUNCATE rollups, rollup_sketch")
+    fleet_db.execute("TRUNCATE rollups, rollup_sketches")
     load(fleet_db, table, ["web-1", "web-1", "web-2"])
     with PostgresReader(postgres.url("fleet_query")) as reader:
         assert reader.count("key:sk-ant-mine") == 2

@@ -108,8 +108,8 @@ def _percentile_agrees(conn: psycopg.Connection[Any], p: float) -> None:
     )
     counts = dict(
         conn.execute(
-            "SELECT bucket, sum(n)::bigint FROM rollup_sketch JOIN rollups USING (rid)"
-            " WHERE metric = 0 AND grain = 86400 GROUP BY 1"
+            "SELECT e.key::bigint, sum(e.value::bigint)::bigint FROM rollup_sketches JOIN rollups USING (rid)"
+            " CROSS JOIN LATERAL jsonb_each_text(duration_sketch) AS e WHERE grain = 86400 GROUP BY 1"
         )
     )
     (estimate,) = sketch.percentiles({int(b): int(n) for b, n in counts.items()}, [p])

@@ -11,7 +11,7 @@ import orjson
 import psycopg
 import pytest
 
-from journal import packed
+from journal import packed, sketch
 from journal.events import Block, Completed, Received
 from journal.pg import partitions, schema
 from journal.writer import encode
@@ -98,7 +98,37 @@ def test_migrates_from_every_older_version_keeping_what_was_shipped(pg_url: str)
                 3,
                 3,
             )  # 3 grains
-            assert conn.execute("SELECT sum(n)::int FROM rollup_sketch").fetchone() == (None,)  # no times known
+            assert conn.execute("SELECT count(*)::int FROM rollup_sketches").fetchone() == (0,)  # no times known
+
+
+def test_v3_sketch_rows_become_one_value_per_rollup_row(pg_url: str) -> None:
+    """A database of schema v3 as it was shipped: its sketches a `rollup_sketch` row per bucket."""
+    with _connect(pg_url) as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+        conn.execute("DROP EXTENSION IF EXISTS unaccent")
+        assert schema.migrate(conn, schema.MIGRATIONS[:3]) == 3
+        partitions.ensure(conn, [DAY])
+        _ship_by_hand(conn, "web-1", "msg_old", "hello")
+        conn.execute("UPDATE requests SET ts = %s, duration_ms = 120.0", (TS,))  # counted, moved by the trigger
+        rids = [rid for (rid,) in conn.execute("SELECT rid FROM rollups WHERE requests > 0 ORDER BY grain")]
+        conn.execute("DROP TABLE rollup_sketches")
+        conn.execute(
+            "CREATE TABLE rollup_sketch (rid bigint NOT NULL REFERENCES rollups ON DELETE CASCADE,"
+            " metric smallint NOT NULL, bucket bigint NOT NULL, n bigint NOT NULL, PRIMARY KEY (rid, metric, bucket))"
+        )
+        b = sketch.bucket(120.0)
+        for rid in rids:
+            conn.execute("INSERT INTO rollup_sketch VALUES (%s, 0, %s, 1), (%s, 0, %s, 0)", (rid, b, rid, b + 1))
+        assert schema.migrate(conn) == schema.SCHEMA_VERSION
+        assert conn.execute("SELECT to_regclass('rollup_sketch')").fetchone() == (None,)
+        stored = conn.execute("SELECT rid, duration_sketch, ttfe_sketch FROM rollup_sketches ORDER BY rid").fetchall()
+        assert stored == [(rid, {str(b): 1}, None) for rid in sorted(rids)]
+        # The trigger functions write the new shape: a second request lands in the same rows.
+        _ship_by_hand(conn, "web-1", "msg_new", "hello again")
+        conn.execute("UPDATE requests SET ts = %s, duration_ms = 120.0 WHERE id = 'msg_new'", (TS,))
+        stored = conn.execute("SELECT duration_sketch FROM rollup_sketches").fetchall()
+        assert stored == [({str(b): 2},)] * len(rids)
 
 
 def test_a_newer_schema_is_refused(pg_url: str) -> None:

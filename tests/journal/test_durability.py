@@ -37,13 +37,9 @@ from journal.writer import JournalWriter
 from tests.conftest import MODEL
 from tools.spawn import Spawned, spawn_gateway, spawn_worker
 
-# The rollups' triggers (schema v7) do a dozen upserts per completed request inside the writer's
-# commit, and with both cores saturated the writer falls behind by up to ~1.25 s (it was under
-# 0.1 s before them; README, Durability): the window here covers that until rollups are folded
-# per batch instead.
-COMMIT_WINDOW_S = 2.0
+COMMIT_WINDOW_S = 1.0
 CLIENTS = 24
-LOAD_BEFORE_KILL_S = 3.5
+LOAD_BEFORE_KILL_S = 2.5
 
 
 class Load:

@@ -9,7 +9,9 @@ stated error of the scan's nearest-rank value.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import math
+import random
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -20,9 +22,11 @@ from typing import Any
 import pytest
 
 from journal import groups, rollups, schema, sketch, stats
+from journal.events import Completed, Received
 from journal.prices import parse
 from journal.reader import JournalReader
 from journal.retention import prune
+from journal.writer import JournalWriter
 from tools.build_journal import T0, Traffic, build
 
 PRICES = parse(
@@ -143,24 +147,29 @@ def test_what_the_rollups_cannot_answer_is_scanned_and_said(journal: Path) -> No
         assert reader.stats("")["source"] == "scan"
 
 
-def test_the_rollups_are_the_writers_triggers_and_a_regrouping_gives_the_same(journal: Path, tmp_path: Path) -> None:
+def test_the_writers_batch_folds_give_what_one_regrouping_gives(journal: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy.db"
     shutil.copy(journal, copy)
     conn = schema.connect(copy)
     try:
-        dims = f"r.grain, r.ts, {', '.join(f'r.{c}' for c in rollups.DIMENSIONS)}"
+        dims = f"grain, ts, {', '.join(rollups.DIMENSIONS)}"
         query = f"SELECT {dims}, requests, input_tokens, output_tokens, round(cost_usd, 9), duration_n,"
-        query += f" round(duration_sum, 6) FROM {rollups.TABLE} AS r WHERE requests != 0"
-        sketches = f"SELECT {dims}, metric, bucket, n FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} AS r"
-        sketches += " USING (rid) WHERE n != 0"
-        written, written_sketches = conn.execute(query).fetchall(), conn.execute(sketches).fetchall()
+        query += f" round(duration_sum, 6), {', '.join(rollups.SKETCHES)} FROM {rollups.TABLE}"
+        query += f" JOIN {rollups.SKETCHES_TABLE} USING (rid) WHERE requests != 0"
+        written = conn.execute(query).fetchall()
         # Each request once per grain (a minute, an hour and a day row).
         assert sum(row[len(rollups.DIMENSIONS) + 2] for row in written) == TRAFFIC.requests * len(rollups.GRAINS)
+        # Every row's sketches hold its requests' durations; nothing is left to fold.
+        durations: dict[int, int] = {}
+        for row in written:
+            if row[0] == 60:
+                sketch.merge(durations, row[-3])
+        assert sum(durations.values()) == TRAFFIC.requests
+        assert conn.execute(f"SELECT count(*) FROM {rollups.PENDING_TABLE}").fetchone()[0] == 0
         conn.execute(f"DELETE FROM {rollups.TABLE}")
-        conn.execute(f"DELETE FROM {rollups.SKETCH_TABLE}")
+        conn.execute(f"DELETE FROM {rollups.SKETCHES_TABLE}")
         rollups.backfill(conn)
         assert sorted(map(repr, conn.execute(query).fetchall())) == sorted(map(repr, written))
-        assert sorted(map(repr, conn.execute(sketches).fetchall())) == sorted(map(repr, written_sketches))
     finally:
         conn.close()
 
@@ -188,30 +197,127 @@ def test_pruning_everything_leaves_no_rollup_rows_behind(journal: Path, tmp_path
         assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 0
         # Emptied rows and buckets go with their requests: a size-bounded journal keeps no rollups of nothing.
         assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE}").fetchone()[0] == 0
-        assert conn.execute(f"SELECT count(*) FROM {rollups.SKETCH_TABLE}").fetchone()[0] == 0
+        assert conn.execute(f"SELECT count(*) FROM {rollups.SKETCHES_TABLE}").fetchone()[0] == 0
+        assert conn.execute(f"SELECT count(*) FROM {rollups.PENDING_TABLE}").fetchone()[0] == 0
     finally:
         conn.close()
+
+
+def _minutes(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        f"SELECT status, requests, duration_n, duration_sum, output_tokens FROM {rollups.TABLE}"
+        " WHERE grain = 60 ORDER BY status"
+    ).fetchall()
+
+
+def _durations(conn: sqlite3.Connection, grain: int) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    rows = f"SELECT duration_sketch FROM {rollups.TABLE} JOIN {rollups.SKETCHES_TABLE} USING (rid) WHERE grain = ?"
+    for (stored,) in conn.execute(rows, (grain,)):
+        sketch.merge(counts, stored)
+    return counts
 
 
 def test_a_request_moved_after_completing_is_moved_in_the_rollups(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
         conn.execute("INSERT INTO requests (id, ts, model, completed) VALUES ('a', 120.5, 'm', 0)")
-        assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE}").fetchone()[0] == 0  # in flight: not yet
+        assert rollups.fold(conn) == 0 and _minutes(conn) == []  # in flight: not counted
         conn.execute("UPDATE requests SET completed = 1, status = 499, duration_ms = 10.0 WHERE id = 'a'")
+        assert rollups.fold(conn) == 1 and _minutes(conn) == [(499, 1, 1, 10.0, 0)]
+        # Changed in a later transaction: the old values leave, the new ones come, the emptied row goes.
         conn.execute("UPDATE requests SET status = 200, duration_ms = 900.0, output_tokens = 3 WHERE id = 'a'")
-        rows = conn.execute(
-            f"SELECT status, requests, duration_n, duration_sum, output_tokens FROM {rollups.TABLE}"
-            " WHERE grain = 60 ORDER BY status"
-        ).fetchall()
-        assert rows == [(200, 1, 1, 900.0, 3), (499, 0, 0, 0.0, 0)]
-        counts = conn.execute(
-            f"SELECT bucket, sum(n) FROM {rollups.SKETCH_TABLE} JOIN {rollups.TABLE} USING (rid)"
-            " WHERE metric = 0 AND grain = 3600 GROUP BY 1"
+        assert rollups.fold(conn) == 2
+        assert _minutes(conn) == [(200, 1, 1, 900.0, 3)]
+        assert _durations(conn, 3600) == {sketch.bucket(900.0): 1}
+        # Completed and changed before one fold (one transaction): counted once, as it ends.
+        conn.execute(
+            "INSERT INTO requests (id, ts, model, status, duration_ms, completed) VALUES ('b', 130, 'm', 200, 5, 1)"
         )
-        assert {b: n for b, n in counts if n} == {sketch.bucket(900.0): 1}
+        conn.execute("UPDATE requests SET duration_ms = 50.0, input_tokens = 4 WHERE id = 'b'")
+        conn.execute("UPDATE requests SET has_tool_use = 1 WHERE id = 'b'")  # not a rollup column: nothing noted
+        assert rollups.fold(conn) == 3
+        assert _minutes(conn) == [(200, 2, 2, 950.0, 3)]
+        assert _durations(conn, 86400) == {sketch.bucket(900.0): 1, sketch.bucket(50.0): 1}
+        assert conn.execute(f"SELECT sum(input_tokens) FROM {rollups.TABLE} WHERE grain = 60").fetchone() == (4,)
     finally:
         conn.close()
+
+
+def test_a_request_changed_by_a_late_event_after_its_batch_is_moved(tmp_path: Path) -> None:
+    """Through the writer: a request completes in one batch, and an event that arrives after
+    it (in a later batch) changes what its summary says; the rollups follow the summary."""
+    path = tmp_path / "j.db"
+
+    async def write() -> None:
+        writer = JournalWriter(path)
+        await writer.start()
+        try:
+            for seq, event in enumerate(
+                [
+                    Received(t=0.0, method="POST", path="/v1/messages", ts=T0 + 1.5),
+                    Completed(t=0.2, status=200, duration_ms=200.0, stop_reason="end_turn"),
+                ],
+                1,
+            ):
+                await writer.append("msg_a", seq, event)
+            await writer.flush()
+            await writer.append("msg_a", 3, Completed(t=0.9, status=499, duration_ms=900.0))
+            await writer.flush()
+        finally:
+            await writer.close()
+
+    asyncio.run(write())
+    with JournalReader(path) as reader:
+        reader.exact_up_to = 0
+        ours, scan = reader.stats(""), _scan(reader, "")
+    assert scan["by_status"] == {"499": 1} and scan["latency_ms"]["duration"]["max"] == 900.0
+    assert ours["source"] == "rollups" and ours["by_status"] == scan["by_status"]
+    assert ours["latency_ms"]["duration"]["count"] == 1 and _close(ours["latency_ms"]["duration"]["p50"], 900.0)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute(f"SELECT count(*) FROM {rollups.TABLE} WHERE requests <= 0").fetchone()[0] == 0
+        orphans = f"SELECT count(*) FROM {rollups.SKETCHES_TABLE} WHERE rid NOT IN (SELECT rid FROM {rollups.TABLE})"
+        assert conn.execute(orphans).fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+def test_a_journal_written_by_schema_7_is_migrated_to_one_sketch_per_row(tmp_path: Path) -> None:
+    """`data/journal-v7.db.gz`: 200 requests written by the writer of schema 7 (per-row
+    triggers, a `rollup_sketch` row per bucket), the event bodies left out to keep it small."""
+    path = tmp_path / "j.db"
+    path.write_bytes(gzip.decompress((Path(__file__).parent / "data" / "journal-v7.db.gz").read_bytes()))
+    conn = sqlite3.connect(path)
+    assert schema.schema_version(conn) == 7
+    v7_minutes = conn.execute(f"SELECT count(*), sum(requests) FROM {rollups.TABLE} WHERE grain = 60").fetchone()
+    conn.close()
+    with JournalReader(path) as reader:  # read-only, before a writer migrates it: scanned
+        reader.exact_up_to = 0
+        assert not reader.rollups and reader.stats("")["source"] == "scan"
+    seen: list[tuple[int, int]] = []
+    conn = schema.connect(path, progress=lambda done, total: seen.append((done, total)))
+    try:
+        assert schema.schema_version(conn) == schema.SCHEMA_VERSION
+        assert seen and seen[-1] == (200, 200)
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert rollups.V7_SKETCH_TABLE not in names and rollups.PENDING_TABLE in names
+        assert (
+            conn.execute(f"SELECT count(*), sum(requests) FROM {rollups.TABLE} WHERE grain = 60").fetchone()
+            == v7_minutes
+        )
+    finally:
+        conn.close()
+    with JournalReader(path) as reader:
+        reader.exact_up_to = 0
+        for query in ("", "model:claude-sonnet-4", "has:error"):
+            ours, scan = reader.stats(query), _scan(reader, query)
+            assert ours["source"] == "rollups" and ours["requests"] == scan["requests"]
+            assert ours["by_status"] == scan["by_status"] and ours["by_model"] == scan["by_model"]
+            for metric in ("duration", "ttfe"):
+                mine, exact = ours["latency_ms"][metric], scan["latency_ms"][metric]
+                assert mine["count"] == exact["count"]
+                assert all(_close(mine[p], exact[p]) for p in ("p50", "p90", "p99"))
 
 
 def test_a_journal_of_the_previous_version_gets_its_rollups_when_migrated(tmp_path: Path) -> None:
@@ -282,3 +388,37 @@ def test_cost_is_a_term_of_the_query_language(journal: Path) -> None:
         numbers = reader.stats(f"cost:>{threshold}")
         assert numbers["source"] == "scan"  # the rollups keep no per-request cost
         assert numbers["cost_usd"]["total"] == pytest.approx(sum(c for c in costs if c > threshold))
+
+
+@pytest.mark.parametrize("vector_from", [0, 1 << 40])
+def test_a_stored_sketch_gives_back_its_counts_and_many_add_up(
+    monkeypatch: pytest.MonkeyPatch, vector_from: int
+) -> None:
+    # Both ways `merge_all` adds (bucket by bucket, and as numpy vectors past a size).
+    monkeypatch.setattr(sketch, "_VECTOR_FROM", vector_from)
+    rng = random.Random(3)
+    for _ in range(100):
+        stored, total = [], {}
+        for _ in range(rng.randint(1, 30)):
+            counts: dict[int, int] = {}
+            for _ in range(rng.randint(0, 30)):
+                b = sketch.ZERO if rng.random() < 0.05 else rng.randint(-50, 300)
+                counts[b] = counts.get(b, 0) + rng.choice([1, 2, 5, -1, 3_000_000_000])  # past 32 bits too
+            back: dict[int, int] = {}
+            sketch.merge(back, sketch.encode(counts))
+            assert {b: c for b, c in back.items() if c} == {b: c for b, c in counts.items() if c}
+            stored.append(sketch.encode(counts))
+            for b, c in counts.items():
+                total[b] = total.get(b, 0) + c
+        merged: dict[int, int] = {}
+        sketch.merge_all(merged, stored)
+        assert {b: c for b, c in merged.items() if c} == {b: c for b, c in total.items() if c}
+        first, last = _counts(stored[0]), _counts(stored[-1])
+        both = {b: first.get(b, 0) + last.get(b, 0) for b in first.keys() | last.keys()}
+        assert sketch.add_encoded(stored[0], stored[-1]) == sketch.encode(both)
+
+
+def _counts(stored: bytes | None) -> dict[int, int]:
+    out: dict[int, int] = {}
+    sketch.merge(out, stored)
+    return out

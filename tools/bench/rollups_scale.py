@@ -4,8 +4,8 @@ fill them, and `stats` read from them (no request rows: the rollups alone).
     python -m tools.bench.rollups_scale /tmp/sim.db [COMBINATIONS]
 
 Day rows for the 30 days, hour rows for the last 48 hours, minute rows for two hours, each
-combination of model, key, worker and outcome a row, and as many sketch rows per row as its
-values fill buckets (README, "Rollups and spend").
+combination of model, key, worker and outcome a row, each with its sketches filling as many
+buckets as its values would (README, "Rollups and spend").
 """
 
 import os
@@ -46,6 +46,15 @@ cols = ", ".join(
         "ttfe_n, ttfe_sum, rated, rated_output, rated_ms, first_ts, last_ts, duration_max, ttfe_max",
     )
 )
+# The buckets a row's values fill (bounded by the value range, not by its count).
+spans = {0: (20.0, 2300.0), 1: (20.0, 320.0), 2: (10.0, 1500.0)}
+
+
+def sketches(n):
+    for lo, hi in spans.values():
+        b0, b1 = sketch.bucket(lo), sketch.bucket(hi)
+        filled = min(b1 - b0 + 1, n)
+        yield sketch.encode({b: max(1, n // filled) for b in range(b0, b0 + filled)})
 
 
 def rows(grain, start, count, share):
@@ -88,7 +97,6 @@ def rows(grain, start, count, share):
 
 
 t = time.time()
-conn.execute("DROP TRIGGER rollups_insert")
 conn.execute("BEGIN")
 plan = [
     (86400, DAY0, 30, per_day),
@@ -97,29 +105,20 @@ plan = [
 ]
 for grain, start, count, share in plan:
     conn.executemany(f"INSERT INTO rollups ({cols}) VALUES ({', '.join('?' * 30)})", rows(grain, start, count, share))
-# Sketch rows per rollup row: the buckets a row's values fill (bounded by the value range, not by its count).
-spans = {0: (20.0, 2300.0), 1: (20.0, 320.0), 2: (10.0, 1500.0)}
-
-
-def sketches():
-    for rid, grain, n in conn.execute("SELECT rid, grain, requests FROM rollups"):
-        for metric, (lo, hi) in spans.items():
-            b0, b1 = sketch.bucket(lo), sketch.bucket(hi)
-            filled = min(b1 - b0 + 1, n)
-            for b in range(b0, b0 + filled):
-                yield (rid, metric, b, max(1, n // filled))
-
-
-conn.executemany("INSERT INTO rollup_sketch (rid, metric, bucket, n) VALUES (?, ?, ?, ?)", sketches())
+conn.executemany(
+    f"INSERT INTO {rollups.SKETCHES_TABLE} VALUES (?, ?, ?, ?)",
+    ((rid, *sketches(n)) for rid, n in conn.execute("SELECT rid, requests FROM rollups").fetchall()),
+)
 conn.execute("COMMIT")
 counts = {g: conn.execute("SELECT count(*) FROM rollups WHERE grain = ?", (g,)).fetchone()[0] for g in rollups.GRAINS}
-sk = conn.execute("SELECT count(*) FROM rollup_sketch").fetchone()[0]
+lengths = " + ".join(f"length({c})" for c in rollups.SKETCHES)
+sk = conn.execute(f"SELECT sum({lengths}) FROM {rollups.SKETCHES_TABLE}").fetchone()[0] // 2**20
 print(
     "built in",
     round(time.time() - t, 1),
     "s; rollup rows per grain (day tier whole 30 days; hours 48 h; minutes 2 h):",
     counts,
-    "sketch rows:",
+    "sketch MB:",
     sk,
     "file MB:",
     os.path.getsize(path) // 2**20,
@@ -143,12 +142,25 @@ for label, q, by, every in [
         None,
     ),
 ]:
-    best = []
+    best, cpu = [], []
     for _ in range(3):
         with JournalReader(path) as reader:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = reader.stats(q) if by is None else reader.group_stats(q, by=by, every=every)
             best.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)  # what the machine's other load does not change
             n = out["requests"] if by is None else sum(r["requests"] for r in out)
             src = out.get("source") if by is None else reader.stats_source
-    print(label, "first", round(best[0], 3), "median", round(sorted(best)[1], 3), "requests", n, src, flush=True)
+    print(
+        label,
+        "first",
+        round(best[0], 3),
+        "median",
+        round(sorted(best)[1], 3),
+        "cpu median",
+        round(sorted(cpu)[1], 3),
+        "requests",
+        n,
+        src,
+        flush=True,
+    )
