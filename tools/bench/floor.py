@@ -7,7 +7,11 @@ what came back: a JSON body whole, a stream chunk by chunk. No validation, no ro
 journal, no metrics. What the gateway costs beyond this is the gateway's; what this costs beyond
 the worker is the stack's.
 
-Run: ``python -m tools.bench.floor --port P --worker-url URL``; ``GET /health`` answers once up.
+With ``--bare-aiohttp`` the route calls an `aiohttp.ClientSession` itself, without httpx on top:
+what the httpx interface costs per request.
+
+Run: ``python -m tools.bench.floor --port P --worker-url URL [--bare-aiohttp]``; ``GET /health``
+answers once up.
 """
 
 from __future__ import annotations
@@ -15,28 +19,35 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import aiohttp
 import httpx
 from sanic import Request, Sanic
 from sanic.response import HTTPResponse, raw
 
-from smg.backends.http.client import make_client
+from smg.backends.http.client import _session, make_client
 
 _FORWARDED = ("content-type", "anthropic-version")
 
 
-def build(worker_url: str) -> Sanic[Any, Any]:
+def build(worker_url: str, bare_aiohttp: bool = False) -> Sanic[Any, Any]:
     app: Sanic[Any, Any] = Sanic("smg_floor", configure_logging=False)
     upstream = f"{worker_url.rstrip('/')}/v1/messages"
     clients: list[httpx.AsyncClient] = []
+    sessions: list[aiohttp.ClientSession] = []
 
     @app.before_server_start
     async def _client(_: Sanic[Any, Any]) -> None:
-        clients.append(make_client("aiohttp", 600.0))
+        if bare_aiohttp:
+            sessions.append(_session(httpx.Limits(max_connections=1024, keepalive_expiry=30.0)))
+        else:
+            clients.append(make_client("aiohttp", 600.0))
 
     @app.after_server_stop
     async def _close(_: Sanic[Any, Any]) -> None:
         for client in clients:
             await client.aclose()
+        for session in sessions:
+            await session.close()
 
     @app.get("/health")
     async def health(_: Request) -> HTTPResponse:
@@ -45,6 +56,8 @@ def build(worker_url: str) -> Sanic[Any, Any]:
     @app.post("/v1/messages")
     async def messages(request: Request) -> HTTPResponse | None:
         headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
+        if bare_aiohttp:
+            return await _bare(request, sessions[0], upstream, headers)
         sent = clients[0].build_request("POST", upstream, content=request.body, headers=headers)
         answer = await clients[0].send(sent, stream=True)
         content_type = answer.headers.get("content-type", "application/json")
@@ -62,13 +75,28 @@ def build(worker_url: str) -> Sanic[Any, Any]:
     return app
 
 
+async def _bare(
+    request: Request, session: aiohttp.ClientSession, upstream: str, headers: dict[str, str]
+) -> HTTPResponse | None:
+    async with session.post(upstream, data=request.body, headers=headers) as answer:
+        content_type = answer.headers.get("content-type", "application/json")
+        if not content_type.startswith("text/event-stream"):
+            return raw(await answer.read(), status=answer.status, content_type=content_type)
+        response = await request.respond(status=answer.status, content_type=content_type)
+        async for chunk in answer.content.iter_any():
+            await response.send(chunk)
+        await response.eof()
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.floor", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--worker-url", required=True)
+    parser.add_argument("--bare-aiohttp", action="store_true", help="aiohttp without httpx on top")
     args = parser.parse_args(argv)
-    build(args.worker_url).run(
+    build(args.worker_url, args.bare_aiohttp).run(
         host=args.host, port=args.port, single_process=True, access_log=False, motd=False, debug=False
     )
 

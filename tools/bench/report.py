@@ -41,6 +41,7 @@ TARGETS = (
     DIRECT,
     REFERENCE,
     FLOOR,
+    Target("floor-aio", "the floor on aiohttp alone, no httpx on top", floor=True, transport="bare-aiohttp"),
     Target("httpx+J", "gateway, httpx upstream, journal on", True, "httpx"),
     Target("httpx-J", "gateway, httpx upstream, --no-journal", False, "httpx"),
     Target("aiohttp+J", "gateway, aiohttp upstream, journal on", True, "aiohttp"),
