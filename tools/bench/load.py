@@ -10,8 +10,9 @@ a broken connection. Latency figures cover the successful requests; errors are c
 
 Run once: ``python -m tools.bench.load --url URL [--stream] [--concurrency C]
 [--requests N | --duration S] [--warmup S] [--cpu-pid PID ...]`` prints one JSON object;
-``--cpu-pid`` adds the CPU time that process and its children spent per measured request and their RSS (read from /proc). ``--serve`` reads jobs as
-JSON lines on stdin and answers each with a JSON line, so a driver pays the start-up once.
+``--cpu-pid`` adds the CPU time that process and its children spent per measured request and
+their RSS (read from /proc). ``--serve`` reads jobs as JSON lines on stdin and answers each
+with a JSON line, so a driver pays the start-up once.
 """
 
 from __future__ import annotations
