@@ -1,16 +1,17 @@
 """The floor of the relay bench: the smallest relay this gateway's stack can be.
 
 A Sanic app (the gateway's server framework, run the way `smg launch` runs it: one process,
-no access log) whose one route forwards the request body to the worker with the gateway's own
-upstream client (`smg.backends.http.client.make_client`, aiohttp under httpx) and answers with
-what came back: a JSON body whole, a stream chunk by chunk. No validation, no routing, no
+no access log) whose one route forwards the request body to the worker on the gateway's own
+upstream session (`smg.backends.http.client`'s aiohttp session, which the relay sends on
+directly) and answers with what came back: a JSON body whole, a stream chunk by chunk. No validation, no routing, no
 journal, no metrics. What the gateway costs beyond this is the gateway's; what this costs beyond
 the worker is the stack's.
 
-With ``--bare-aiohttp`` the route calls an `aiohttp.ClientSession` itself, without httpx on top:
-what the httpx interface costs per request.
+With ``--httpx`` the route goes through the httpx client on top of that session
+(`make_client("aiohttp", ...)`, what the gateway's other upstream calls use): what the httpx
+interface costs per request.
 
-Run: ``python -m tools.bench.floor --port P --worker-url URL [--bare-aiohttp]``; ``GET /health``
+Run: ``python -m tools.bench.floor --port P --worker-url URL [--httpx]``; ``GET /health``
 answers once up.
 """
 
@@ -29,7 +30,7 @@ from smg.backends.http.client import _session, make_client
 _FORWARDED = ("content-type", "anthropic-version")
 
 
-def build(worker_url: str, bare_aiohttp: bool = False) -> Sanic[Any, Any]:
+def build(worker_url: str, through_httpx: bool = False) -> Sanic[Any, Any]:
     app: Sanic[Any, Any] = Sanic("smg_floor", configure_logging=False)
     upstream = f"{worker_url.rstrip('/')}/v1/messages"
     clients: list[httpx.AsyncClient] = []
@@ -37,10 +38,10 @@ def build(worker_url: str, bare_aiohttp: bool = False) -> Sanic[Any, Any]:
 
     @app.before_server_start
     async def _client(_: Sanic[Any, Any]) -> None:
-        if bare_aiohttp:
-            sessions.append(_session(httpx.Limits(max_connections=1024, keepalive_expiry=30.0)))
-        else:
+        if through_httpx:
             clients.append(make_client("aiohttp", 600.0))
+        else:
+            sessions.append(_session(httpx.Limits(max_connections=1024, keepalive_expiry=30.0)))
 
     @app.after_server_stop
     async def _close(_: Sanic[Any, Any]) -> None:
@@ -56,7 +57,7 @@ def build(worker_url: str, bare_aiohttp: bool = False) -> Sanic[Any, Any]:
     @app.post("/v1/messages")
     async def messages(request: Request) -> HTTPResponse | None:
         headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
-        if bare_aiohttp:
+        if not through_httpx:
             return await _bare(request, sessions[0], upstream, headers)
         sent = clients[0].build_request("POST", upstream, content=request.body, headers=headers)
         answer = await clients[0].send(sent, stream=True)
@@ -94,9 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--worker-url", required=True)
-    parser.add_argument("--bare-aiohttp", action="store_true", help="aiohttp without httpx on top")
+    parser.add_argument("--httpx", action="store_true", help="through the httpx client on top of the session")
     args = parser.parse_args(argv)
-    build(args.worker_url, args.bare_aiohttp).run(
+    build(args.worker_url, args.httpx).run(
         host=args.host, port=args.port, single_process=True, access_log=False, motd=False, debug=False
     )
 

@@ -101,7 +101,7 @@ def _start_servers(
         if target.floor:
             port = free_port()
             args = [sys.executable, "-m", "tools.bench.floor", "--port", str(port), "--worker-url", worker.url]
-            args += ["--bare-aiohttp"] if target.transport == "bare-aiohttp" else []
+            args += ["--httpx"] if target.transport == "httpx" else []
             return spawn(args, ready_url=f"http://127.0.0.1:{port}/health", url=f"http://127.0.0.1:{port}")
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target), root=root)
@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         type=csv_list,
-        default=[t.key for t in TARGETS if not t.reference and t.transport not in ("httpx", "bare-aiohttp")],
+        default=[t.key for t in TARGETS if not t.reference and t.transport != "httpx"],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--prompt-words", type=int, default=32, help="the echo streams one event per word")

@@ -36,12 +36,12 @@ class Target:
 
 DIRECT = Target("direct", "the worker directly")
 REFERENCE = Target("ref", "the reference gateway (Rust smg from PyPI)", reference=True)
-FLOOR = Target("floor", "a bare Sanic relay with the gateway's upstream client", floor=True)
+FLOOR = Target("floor", "a bare Sanic relay on the gateway's upstream session", floor=True)
 TARGETS = (
     DIRECT,
     REFERENCE,
     FLOOR,
-    Target("floor-aio", "the floor on aiohttp alone, no httpx on top", floor=True, transport="bare-aiohttp"),
+    Target("floor-httpx", "the floor through the httpx client on top", floor=True, transport="httpx"),
     Target("httpx+J", "gateway, httpx upstream, journal on", True, "httpx"),
     Target("httpx-J", "gateway, httpx upstream, --no-journal", False, "httpx"),
     Target("aiohttp+J", "gateway, aiohttp upstream, journal on", True, "aiohttp"),
@@ -64,8 +64,9 @@ _RATIOS = (
     ("gwCPU h/a -J", "httpx-J", "aiohttp-J", "gw_cpu"),
 )
 LEGEND = (
-    "targets: direct = the worker itself; ref = the reference gateway; floor = a bare Sanic relay with the",
-    "  gateway's upstream client; httpx/aiohttp = gateway with that upstream transport; +J journal on, -J --no-journal",
+    "targets: direct = the worker itself; ref = the reference gateway; floor = a bare Sanic relay on the",
+    "  gateway's upstream session (floor-httpx: through httpx on top); httpx/aiohttp = gateway with that",
+    "  upstream transport; +J journal on, -J --no-journal",
     "columns: req/s ± spread; x-direct = req/s / direct's; p50 p90 p99 = latency ms (streams: to the last byte);",
     "  +p50 = p50 - direct's p50 (ms); ttfb = ms to the first body byte; gwCPU, wkCPU = gateway, worker CPU µs per",
     "  request (with its child processes); RSS = gateway MB resident at the end of the run; gen = load generator",
