@@ -178,17 +178,18 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 def rss_mb(pid: int) -> float | None:
-    """Resident memory of process ``pid`` and its descendants, in MB, from /proc; None elsewhere."""
+    """Resident memory of process ``pid`` plus what its descendants hold privately (pages a forked
+    child still shares with its parent are counted once), in MB, from /proc; None elsewhere."""
     total = 0
     for index, member in enumerate(_tree(pid)):
+        fields = ("VmRSS:",) if index == 0 else ("Private_Clean:", "Private_Dirty:")
+        name = "status" if index == 0 else "smaps_rollup"
         try:
-            with open(f"/proc/{member}/status", "rb") as f:
-                line = next((x for x in f if x.startswith(b"VmRSS:")), b"VmRSS: 0 kB")
+            with open(f"/proc/{member}/{name}", "rb") as f:
+                total += sum(int(line.split()[1]) for line in f if line.decode().startswith(fields))
         except OSError:
             if index == 0:
                 return None
-            continue
-        total += int(line.split()[1])
     return round(total / 1024, 1)
 
 
