@@ -9,8 +9,9 @@ batch are packed into one compact row (`journal.packed`); every other event is a
 The same transaction indexes the text of the requests that completed in the batch
 (`journal.search.write_text`, one statement per batch) and folds them into the rollups
 (`journal.rollups.fold`, a few grouped upserts per batch). Under load a batch grows with the
-backlog, so the number of commits per second stays small however many events arrive; when
-idle each event is committed on its own almost at once.
+backlog, so the number of commits per second stays small however many events arrive; an
+idle writer waits `commit_interval_s` from the first event that arrives, so a short request's
+events share one commit, made after its answer rather than while it is being served.
 `append` only waits when the queue is full (backpressure instead of unbounded memory).
 
 Durability contract (WAL, `synchronous=NORMAL`):
@@ -22,8 +23,9 @@ Durability contract (WAL, `synchronous=NORMAL`):
 * What a `kill -9` loses is what had not been committed: the events still queued and the
   batch being written. That is the commit window. The writer starts the next commit as soon
   as the last one ends but not sooner than `commit_interval_s` (10 ms) after the previous one
-  started, so an event waits for that interval, the batch in progress and the events queued
-  ahead of it: about ten milliseconds under normal load; at worst, with the queue full (the writer not
+  started (or, idle, after the first event arrived), so an event waits for that interval,
+  the batch in progress and the events queued ahead of it: about ten milliseconds under
+  normal load; at worst, with the queue full (the writer not
   keeping up, `append` already applying backpressure), `queue_size` events at the write
   rate: about a quarter of a second by default (16,384 events at the 60–100k events/s that
   `tools/bench/journal.py` measures on two cores; less while the event loop, which shares
@@ -645,7 +647,9 @@ class JournalWriter:
                 limit = max(min(len(backlog) + queue.qsize(), self._max_pending - self._pending_events), 1)
             else:
                 batch.append(backlog.popleft() if backlog else await queue.get())
-                wait = last_start + self._commit_interval - time.monotonic()
+                # An idle writer waits the interval too, from the first event: the rest of its
+                # request joins the same commit, after the request's own work, not during it.
+                wait = max(last_start, time.monotonic()) + self._commit_interval - time.monotonic()
                 if wait > 0 and batch[0] is not _STOP:
                     await asyncio.sleep(wait)
             last_start = time.monotonic()

@@ -7,7 +7,8 @@ frame). A buffered body is read up to a limit.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Protocol
 
 import httpx
 
@@ -20,7 +21,13 @@ class BodyTooLarge(ValueError):
     """The upstream body is larger than the gateway accepts."""
 
 
-async def stream_parts(response: httpx.Response) -> AsyncGenerator[Event, None]:
+class Body(Protocol):
+    """An upstream answer's body as it arrives: an `httpx.Response` or the relay's direct one."""
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
+async def stream_parts(response: Body) -> AsyncGenerator[Event, None]:
     """The body as `upstream` chunks, as it arrives; an interrupted stream ends with `error`."""
     pieces = TextPieces()
     try:
@@ -42,7 +49,7 @@ async def stream_parts(response: httpx.Response) -> AsyncGenerator[Event, None]:
         yield Upstream(part="chunk", data=tail[0], encoding=tail[1])
 
 
-async def read_capped(response: httpx.Response, limit: int) -> bytes:
+async def read_capped(response: Body, limit: int) -> bytes:
     """The whole body. Raises `BodyTooLarge` past `limit` bytes; transport errors propagate."""
     parts: list[bytes] = []
     size = 0

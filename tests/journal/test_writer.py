@@ -279,6 +279,24 @@ async def test_rejected_request_summary(tmp_path: Path) -> None:
     assert row["model"] is None
 
 
+async def test_an_idle_writer_gathers_a_request_into_one_commit(tmp_path: Path) -> None:
+    # The first event finds the writer idle; the rest of its request, appended after the
+    # writer task has taken it, still joins the same commit (within `commit_interval_s`).
+    writer = JournalWriter(tmp_path / "j.db", commit_interval_s=1.0)
+    await writer.start()
+    events = streaming_request()
+    await writer.append("req_1", 0, events[0])
+    for _ in range(20):  # the writer task runs and takes the first event
+        await asyncio.sleep(0)
+    assert writer.stats["queue_depth"] == 0
+    for seq, event in enumerate(events[1:], 1):
+        await writer.append("req_1", seq, event)
+    await writer.flush()
+    stats = writer.stats
+    await writer.close()
+    assert (stats["batches"], stats["events_written"]) == (1, len(events))
+
+
 async def test_group_commit_batches(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     writer = JournalWriter(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 from pathlib import Path
 
 import httpx
@@ -49,6 +50,17 @@ def test_stream_is_relayed_unchanged_as_it_arrives(client: httpx.Client, scripte
     assert strip(relayed) == strip(direct)
     assert relayed.rstrip().endswith(b'data: {"type":"message_stop"}')
     assert b"[DONE]" not in relayed
+
+
+def test_a_gzip_encoded_stream_reaches_the_client_decoded(client: httpx.Client, scripted: Scripted) -> None:
+    frame = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    packed = gzip.compress(frame)
+    halves = [{"raw_b64": base64.b64encode(part).decode()} for part in (packed[:10], packed[10:])]
+    scripted.script({"sse": halves, "headers": {"content-encoding": "gzip"}, "chunk_delay_ms": 20})
+    with client.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as response:
+        assert response.status_code == 200
+        assert "content-encoding" not in response.headers
+        assert b"".join(response.iter_raw()) == frame
 
 
 def test_multibyte_characters_split_across_network_reads_survive(

@@ -54,7 +54,7 @@ from rich.text import Text
 
 from tools.bench import reference
 from tools.bench.common import csv_ints, csv_list, load_average, on_uvloop, run_and_report, serve_jobs, stop_all
-from tools.bench.load import _cpu_seconds, percentiles
+from tools.bench.load import _cpu_seconds, percentiles, rss_mb
 from tools.bench.relay import Generator
 from tools.engine_control import EngineControl
 from tools.spawn import REPO_ROOT, Spawned, spawn_engine, spawn_gateway
@@ -288,15 +288,9 @@ def _cpu_sum(pids: list[int]) -> float | None:
 
 
 def _rss_mb(pids: list[int]) -> float | None:
-    """Resident memory of `pids` together, in MB, from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return None
-        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    return round(total / 1024, 1)
+    """Resident memory of `pids` and their children together, in MB, from /proc."""
+    values = [rss_mb(pid) for pid in pids]
+    return None if any(v is None for v in values) else round(sum(v for v in values if v is not None), 1)
 
 
 async def _measure(job: Job, one: Callable[[_Tally], Awaitable[None]]) -> dict[str, Any]:

@@ -10,8 +10,9 @@ a broken connection. Latency figures cover the successful requests; errors are c
 
 Run once: ``python -m tools.bench.load --url URL [--stream] [--concurrency C]
 [--requests N | --duration S] [--warmup S] [--cpu-pid PID ...]`` prints one JSON object;
-``--cpu-pid`` adds the CPU time that process spent per measured request (read from /proc). ``--serve`` reads jobs as
-JSON lines on stdin and answers each with a JSON line, so a driver pays the start-up once.
+``--cpu-pid`` adds the CPU time that process and its children spent per measured request and
+their RSS (read from /proc). ``--serve`` reads jobs as JSON lines on stdin and answers each
+with a JSON line, so a driver pays the start-up once.
 """
 
 from __future__ import annotations
@@ -141,14 +142,56 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bo
         tally.error(type(exc).__name__, str(exc))
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a gateway's helper processes count as the gateway)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", "rb") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
 def _cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time of process ``pid`` (all its threads), from /proc; None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            parts = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of process ``pid`` and its descendants, all their threads, from /proc; None
+    elsewhere. The scheduler's nanosecond count per thread, so a short run on a gateway that
+    spends a few hundred microseconds per request is not rounded to the 10 ms clock tick."""
+    total = 0
+    for index, member in enumerate(_tree(pid)):
+        try:
+            tasks = os.listdir(f"/proc/{member}/task")
+        except OSError:
+            if index == 0:
+                return None
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{member}/task/{task}/schedstat", "rb") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of process ``pid`` plus what its descendants hold privately (pages a forked
+    child still shares with its parent are counted once), in MB, from /proc; None elsewhere."""
+    total = 0
+    for index, member in enumerate(_tree(pid)):
+        fields = ("VmRSS:",) if index == 0 else ("Private_Clean:", "Private_Dirty:")
+        name = "status" if index == 0 else "smaps_rollup"
+        try:
+            with open(f"/proc/{member}/{name}", "rb") as f:
+                total += sum(int(line.split()[1]) for line in f if line.decode().startswith(fields))
+        except OSError:
+            if index == 0:
+                return None
+    return round(total / 1024, 1)
 
 
 async def _phase(
@@ -210,6 +253,7 @@ async def run_job(job: Job) -> dict[str, Any]:
         tally, sent, elapsed = await _phase(session, job, body, job.requests, duration)
         cpu = time.process_time() - cpu0
         watched_after = {pid: _cpu_seconds(pid) for pid in job.watch_pids}
+        rss = {str(pid): rss_mb(pid) for pid in job.watch_pids}  # connections still open
     ok = len(tally.latency)
     result: dict[str, Any] = {
         "job": asdict(job),
@@ -225,13 +269,14 @@ async def run_job(job: Job) -> dict[str, Any]:
         result["cpu_us_per_request"] = {
             str(pid): _per_request(watched[pid], watched_after[pid], sent) for pid in watched
         }
+        result["rss_mb"] = rss
     if warm is not None:
         result["warmup"] = warm
     return result
 
 
 def _per_request(before: float | None, after: float | None, sent: int) -> float | None:
-    """Microseconds of CPU per request sent, from two readings (10 ms ticks on most Linux)."""
+    """Microseconds of CPU per request sent, from two readings."""
     if before is None or after is None or not sent:
         return None
     return round((after - before) / sent * 1e6, 1)

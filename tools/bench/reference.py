@@ -64,8 +64,6 @@ def spawn_reference(
         "--prometheus-port",
         str(free_port()),
     ]
-    started = spawn(args, ready_url=f"{url}/health", url=url, timeout=120.0)
+    # An inherited PYTHONPATH pointing at this checkout would shadow the wheel's own `smg` package.
+    started = spawn(args, ready_url=f"{url}/health", url=url, timeout=120.0, env={"PYTHONPATH": ""})
     return Reference(started.proc, started.url, started.log_path)
-
-
-

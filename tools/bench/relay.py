@@ -1,7 +1,8 @@
 """The relay bench: the gateway's added latency and its throughput against the worker itself.
 
-One scripted worker and one gateway per configuration (journal on/off x upstream transport
-httpx/aiohttp) start once; then, per scenario (streaming or not, at each concurrency), every
+One scripted worker, the floor (``tools.bench.floor``: a bare relay on the gateway's own stack)
+and one gateway per configuration (journal on/off x upstream transport aiohttp, and httpx on
+request) start once; then, per scenario (streaming or not, at each concurrency), every
 target runs in turn, round after round, so each gateway figure has a direct-to-worker baseline
 measured moments before or after it. The load comes from ``tools.bench.load`` in a process of
 its own; a run is a warm-up then a measured stretch on the same connections. Gateways run with
@@ -34,7 +35,7 @@ from rich.progress import Progress
 from tools.bench import reference
 from tools.bench.common import csv_ints, csv_list, load_average, run_and_report, stop_all
 from tools.bench.report import DIRECT, REFERENCE, TARGETS, Run, Target, render, scenario_name, summary
-from tools.spawn import REPO_ROOT, Spawned, spawn_gateway, spawn_worker
+from tools.spawn import REPO_ROOT, Spawned, free_port, spawn, spawn_gateway, spawn_worker
 
 DEFAULTS = {"duration": 1.0, "warmup": 0.3, "reps": 3}
 QUICK = {"duration": 0.3, "warmup": 0.1, "reps": 1}
@@ -92,11 +93,16 @@ def _start_servers(
     worker = spawn_worker()
     started.append(worker)
     servers = {DIRECT.key: worker}
-    gateways = [t for t in targets if t.journal is not None or t.reference]
+    gateways = [t for t in targets if t.journal is not None or t.reference or t.floor]
 
     def start(target: Target) -> Spawned:
         if target.reference:
             return reference.spawn_reference([worker.url])
+        if target.floor:
+            port = free_port()
+            args = [sys.executable, "-m", "tools.bench.floor", "--port", str(port), "--worker-url", worker.url]
+            args += ["--httpx"] if target.transport == "httpx" else []
+            return spawn(args, ready_url=f"http://127.0.0.1:{port}/health", url=f"http://127.0.0.1:{port}")
         journal = workdir / f"journal-{target.key}.db" if target.journal else None
         return spawn_gateway([worker.url], journal=journal, extra=_gateway_args(target), root=root)
 
@@ -232,7 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         type=csv_list,
-        default=[t.key for t in TARGETS if not t.reference],
+        default=[t.key for t in TARGETS if not t.reference and t.transport != "httpx"],
         help="comma-separated from: " + ", ".join(f"{t.key} ({t.label})" for t in TARGETS),
     )
     parser.add_argument("--prompt-words", type=int, default=32, help="the echo streams one event per word")

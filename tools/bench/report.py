@@ -31,13 +31,17 @@ class Target:
     journal: bool | None = None  # None: the worker directly (or the reference gateway)
     transport: str | None = None
     reference: bool = False  # the reference gateway (Rust smg from PyPI, `--compare`)
+    floor: bool = False  # the minimal relay on the same stack (`tools.bench.floor`)
 
 
 DIRECT = Target("direct", "the worker directly")
 REFERENCE = Target("ref", "the reference gateway (Rust smg from PyPI)", reference=True)
+FLOOR = Target("floor", "a bare Sanic relay on the gateway's upstream session", floor=True)
 TARGETS = (
     DIRECT,
     REFERENCE,
+    FLOOR,
+    Target("floor-httpx", "the floor through the httpx client on top", floor=True, transport="httpx"),
     Target("httpx+J", "gateway, httpx upstream, journal on", True, "httpx"),
     Target("httpx-J", "gateway, httpx upstream, --no-journal", False, "httpx"),
     Target("aiohttp+J", "gateway, aiohttp upstream, journal on", True, "aiohttp"),
@@ -45,26 +49,31 @@ TARGETS = (
 )
 # Summary ratios: (column title, numerator key, denominator key, figure).
 _RATIOS = (
-    ("on/off httpx", "httpx+J", "httpx-J", "rps"),
     ("on/off aiohttp", "aiohttp+J", "aiohttp-J", "rps"),
+    ("gwCPU on/off", "aiohttp+J", "aiohttp-J", "gw_cpu"),
+    ("gwCPU +J/ref", "aiohttp+J", "ref", "gw_cpu"),
+    ("gwCPU -J/ref", "aiohttp-J", "ref", "gw_cpu"),
+    ("gwCPU +J/floor", "aiohttp+J", "floor", "gw_cpu"),
+    ("gwCPU floor/ref", "floor", "ref", "gw_cpu"),
+    ("rps +J/ref", "aiohttp+J", "ref", "rps"),
+    ("rps +J/floor", "aiohttp+J", "floor", "rps"),
+    ("on/off httpx", "httpx+J", "httpx-J", "rps"),
     ("rps h/a +J", "httpx+J", "aiohttp+J", "rps"),
     ("rps h/a -J", "httpx-J", "aiohttp-J", "rps"),
     ("gwCPU h/a +J", "httpx+J", "aiohttp+J", "gw_cpu"),
     ("gwCPU h/a -J", "httpx-J", "aiohttp-J", "gw_cpu"),
-    ("gwCPU +J/ref", "aiohttp+J", "ref", "gw_cpu"),
-    ("gwCPU -J/ref", "aiohttp-J", "ref", "gw_cpu"),
-    ("rps +J/ref", "aiohttp+J", "ref", "rps"),
 )
 LEGEND = (
-    "targets: direct = the worker itself; httpx/aiohttp = gateway with that upstream transport; +J journal on, "
-    "-J --no-journal",
+    "targets: direct = the worker itself; ref = the reference gateway; floor = a bare Sanic relay on the",
+    "  gateway's upstream session (floor-httpx: through httpx on top); httpx/aiohttp = gateway with that",
+    "  upstream transport; +J journal on, -J --no-journal",
     "columns: req/s ± spread; x-direct = req/s / direct's; p50 p90 p99 = latency ms (streams: to the last byte);",
     "  +p50 = p50 - direct's p50 (ms); ttfb = ms to the first body byte; gwCPU, wkCPU = gateway, worker CPU µs per",
-    "  request; gen = load generator CPU (near 100%: the generator is the limit); err = failed requests (non-200,",
-    "  broken stream, timeout)",
+    "  request (with its child processes); RSS = gateway MB resident at the end of the run; gen = load generator",
+    "  CPU (near 100%: the generator is the limit); err = failed requests (non-200, broken stream, timeout)",
     "ratios, run by run, median [min-max]: on/off = req/s journal on / off; h/a = httpx / aiohttp, of req/s",
     "  (below 1: httpx slower) or of gateway CPU per request (above 1: httpx costs more); /ref = this gateway",
-    "  (aiohttp upstream) against the reference gateway (ref, with --compare)",
+    "  (aiohttp upstream) against the reference gateway (ref, with --compare); /floor = against the floor",
 )
 
 
@@ -76,9 +85,10 @@ def _figure(run: Run, name: str) -> float | None:
     """One named figure of a run (latencies in ms, CPU in microseconds per request)."""
     if name == "rps":
         return float(run["rps"])
-    if name in ("gw_cpu", "wk_cpu"):
-        pid = run.get("gateway_pid" if name == "gw_cpu" else "worker_pid")
-        value = run.get("cpu_us_per_request", {}).get(str(pid)) if pid else None
+    if name in ("gw_cpu", "wk_cpu", "gw_rss"):
+        pid = run.get("worker_pid" if name == "wk_cpu" else "gateway_pid")
+        group_name = "rss_mb" if name == "gw_rss" else "cpu_us_per_request"
+        value = run.get(group_name, {}).get(str(pid)) if pid else None
         return float(value) if value is not None else None
     group, _, q = name.partition(".")
     value = run.get(group, {}).get(q)
@@ -146,7 +156,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
     for (stream, conc), cells in group(runs).items():
         entry: dict[str, Any] = {"targets": {}, "ratios": {}}
         for key, cell in cells.items():
-            figures: dict[str, Any] = {n: cell.median(n) for n in (*names, "gw_cpu", "wk_cpu")}
+            figures: dict[str, Any] = {n: cell.median(n) for n in (*names, "gw_cpu", "wk_cpu", "gw_rss")}
             figures.update(rps_spread=cell.spread("rps"), errors=cell.errors, warmup_errors=cell.warmup_errors)
             entry["targets"][key] = figures
         for _, num, den, name in _RATIOS:
@@ -164,7 +174,9 @@ def _signed(value: float | None) -> str:
 
 
 def _ratio(value: tuple[float, float, float] | None) -> str:
-    return "-" if value is None else f"{value[0]:.2f} [{value[1]:.2f}-{value[2]:.2f}]"
+    if value is None:
+        return "-"
+    return f"{value[0]:.2f}" if value[1] == value[2] else f"{value[0]:.2f} [{value[1]:.2f}-{value[2]:.2f}]"
 
 
 def _errors(cell: Cell) -> Text:
@@ -208,6 +220,7 @@ def scenario_table(stream: bool, concurrency: int, cells: dict[str, Cell]) -> Ta
     columns += [
         ("gwCPU", figure("gw_cpu", 0)),
         ("wkCPU", figure("wk_cpu", 0)),
+        ("RSS", figure("gw_rss", 0)),
         ("gen", lambda c: _num(_median(r["generator_cpu"] * 100 for r in c.runs), 0) + "%"),
         ("err", _errors),
     ]
@@ -225,10 +238,11 @@ def ratio_table(grouped: dict[tuple[bool, int], dict[str, Cell]]) -> Table:
 
     On req/s below 1 means the first is slower; on CPU per request above 1 means it costs more."""
     table = _table("ratios")
-    for title, *_ in _RATIOS:
+    shown = [r for r in _RATIOS if any(paired_ratio(cells, *r[1:]) for cells in grouped.values())]
+    for title, *_ in shown:
         table.add_column(title, justify="right")
     for (stream, conc), cells in grouped.items():
-        table.add_row(scenario_name(stream, conc), *(_ratio(paired_ratio(cells, n, d, f)) for _, n, d, f in _RATIOS))
+        table.add_row(scenario_name(stream, conc), *(_ratio(paired_ratio(cells, n, d, f)) for _, n, d, f in shown))
     return table
 
 

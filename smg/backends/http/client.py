@@ -6,19 +6,26 @@ The client sends one header of its own, the hop header with the gateway's id (a 
 that leads back to the gateway is refused at its first probe, `smg.protocol.hops`); no
 user-agent, accept or accept-encoding: a worker or the Anthropic API sees only what the
 backend forwards, plus what HTTP itself needs.
+
+On the aiohttp transport a relayed request can skip httpx's client layer (`Direct`): the same
+aiohttp session, the same request, headers, timeouts and error types, without building an
+`httpx.Request` and `httpx.Response` and passing every chunk through their streams, which
+costs about as much CPU per request as the rest of a bare relay (the floor of
+`tools/bench/relay.py`). It keeps no cookie jar: a worker's `Set-Cookie` is relayed, never
+sent back upstream on other clients' requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import AiohttpResponseStream
+from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
 from smg.protocol.hops import HOP_HEADER
 
@@ -90,6 +97,102 @@ def _held(content: Any) -> bytes:
     buffer.clear()
     content._buffer_offset = content._size = 0
     return held
+
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session under this transport (created on first use, as httpx's calls do)."""
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        return self.client
+
+
+class DirectResponse:
+    """An answer read straight off the aiohttp response, the part of `httpx.Response` the
+    relay reads: status, headers, the body as it arrives (`aiter_bytes`), `aclose`. A body
+    with a `content-encoding` is decoded by httpx's own decoders, as through the client."""
+
+    __slots__ = ("status_code", "_response", "_headers", "_decoded")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status_code = response.status
+        self._response = response
+        self._headers: httpx.Headers | None = None
+        self._decoded: httpx.Response | None = None
+        if "content-encoding" in response.headers:
+            stream = AiohttpResponseStream(response)
+            self._decoded = httpx.Response(response.status, headers=response.raw_headers, stream=stream)
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._response.raw_headers)
+        return self._headers
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        if self._decoded is not None:
+            async for chunk in self._decoded.aiter_bytes():
+                yield chunk
+            return
+        try:
+            with map_aiohttp_exceptions():
+                async for chunk in self._response.content.iter_chunked(AiohttpResponseStream.CHUNK_SIZE):
+                    yield chunk
+        except httpx.TransportError:
+            left = _held(self._response.content)  # as `_Received`: what arrived before the cut first
+            if left:
+                yield left
+            raise
+
+    async def aclose(self) -> None:
+        if self._decoded is not None:
+            await self._decoded.aclose()
+            return
+        with map_aiohttp_exceptions():
+            await self._response.__aexit__(None, None, None)
+
+
+class Direct:
+    """POSTs on the session under a `make_client("aiohttp", ...)` client, as that client would
+    send them (`client.send(client.build_request("POST", ...), stream=True)`): the same header
+    names, values and order, timeouts, and the same httpx error for each failure."""
+
+    def __init__(self, client: httpx.AsyncClient, transport: _Transport) -> None:
+        timeout = client.timeout
+        self._timeout = aiohttp.ClientTimeout(
+            sock_connect=timeout.connect, sock_read=timeout.read, connect=timeout.pool
+        )
+        self._defaults = {k.lower(): v for k, v in client.headers.items()}
+        self._transport = transport
+
+    async def post(self, url: str, netloc: str, content: bytes, headers: Mapping[str, str]) -> DirectResponse:
+        """`url` as httpx spells it and its `netloc` (the Host header); `headers` lowercase."""
+        # httpx's order: Host, the client's headers the request does not set, the request's, Content-Length.
+        defaults = {k: v for k, v in self._defaults.items() if k not in headers} if self._defaults else {}
+        sent = {"host": netloc, **defaults, **headers, "content-length": str(len(content))}
+        try:
+            with map_aiohttp_exceptions():
+                response = (
+                    await self._transport.session()
+                    .request(
+                        "POST",
+                        url,
+                        headers=sent,
+                        data=content or None,
+                        allow_redirects=False,
+                        auto_decompress=False,
+                        compress=False,
+                        timeout=self._timeout,
+                    )
+                    .__aenter__()
+                )
+        except httpx.TransportError as exc:
+            raise _classified(exc) from exc.__cause__
+        return DirectResponse(response)
+
+
+def direct(client: httpx.AsyncClient) -> Direct | None:
+    """The direct path for `client` when it runs on the aiohttp transport, else None."""
+    transport = client._transport
+    return Direct(client, transport) if isinstance(transport, _Transport) else None
 
 
 def _session(limits: httpx.Limits) -> aiohttp.ClientSession:

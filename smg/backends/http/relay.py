@@ -16,7 +16,7 @@ import httpx
 from journal.events import Error, Event, Upstream
 from journal.pieces import text_piece
 from smg.backends.base import Attempts, Call, Discovery, Failure, FailureKind, Target
-from smg.backends.http.client import make_client
+from smg.backends.http.client import Direct, DirectResponse, direct, make_client
 from smg.backends.http.discovery import check_health, discover
 from smg.backends.http.headers import forwarded_request_headers, relayed_response_headers, with_worker_key
 from smg.backends.upstream import BodyTooLarge, read_capped, stream_parts
@@ -62,7 +62,9 @@ class HttpConnector:
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config
         self._client: httpx.AsyncClient | None = None
+        self._direct: Direct | None = None
         self._parsed_urls: dict[str, httpx.URL] = {}
+        self._direct_urls: dict[str, tuple[str, str]] = {}
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -75,11 +77,13 @@ class HttpConnector:
             self._client = make_client(
                 self._config.upstream_transport, self._config.request_timeout_secs, self._config.instance_id
             )
+            self._direct = direct(self._client)
 
     async def close(self) -> None:
         if self._client:
             await self._client.aclose()
             self._client = None
+            self._direct = None
 
     async def discover(self, target: Target) -> Discovery:
         return await discover(target, self.client, dp_aware=self._config.router.dp_aware)
@@ -90,6 +94,8 @@ class HttpConnector:
     async def forget(self, target: Target) -> None:
         for key in [k for k in self._parsed_urls if k.startswith(target.url + "/")]:
             del self._parsed_urls[key]
+        for key in [k for k in self._direct_urls if k.startswith(target.url + "/")]:
+            del self._direct_urls[key]
 
     async def load(self, target: Target) -> int | None:
         return None
@@ -104,6 +110,24 @@ class HttpConnector:
         if url is None:
             url = self._parsed_urls[key] = httpx.URL(key)
         return url
+
+    def _direct_url(self, base: str, path: str) -> tuple[str, str]:
+        """The URL as httpx would send it and its Host header, once per worker and path."""
+        key = base + path
+        spelled = self._direct_urls.get(key)
+        if spelled is None:
+            url = self._url(base, path)
+            spelled = self._direct_urls[key] = (str(url), url.netloc.decode("ascii"))
+        return spelled
+
+    async def _send(
+        self, base: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> httpx.Response | DirectResponse:
+        if self._direct is not None:
+            url, netloc = self._direct_url(base, path)
+            return await self._direct.post(url, netloc, body, headers)
+        request = self.client.build_request("POST", self._url(base, path), content=body, headers=headers)
+        return await self.client.send(request, stream=True)
 
     async def handle(self, call: Call, pool: Sequence[Target], attempts: Attempts) -> AsyncGenerator[Event, None]:
         if call.endpoint == "messages" and getattr(call.request, "max_tokens", None) == 0:
@@ -123,9 +147,7 @@ class HttpConnector:
             headers = with_worker_key(forwarded, worker.api_key)
             sent = body if worker.dp_rank is None else pinned_body(body, worker.dp_rank)
             try:
-                response = await self.client.send(
-                    self.client.build_request("POST", url, content=sent, headers=headers), stream=True
-                )
+                response = await self._send(worker.url, path, sent, headers)
             except httpx.TimeoutException as exc:
                 log.warning("worker %s: %s", url, describe_exception(exc))
                 timeout = ApiError(504, describe_upstream_failure(exc), code="call_upstream_timeout")
@@ -144,7 +166,9 @@ class HttpConnector:
                 yield event
             return
 
-    async def relay_response(self, call: Call, worker: Target, response: httpx.Response) -> AsyncGenerator[Event, None]:
+    async def relay_response(
+        self, call: Call, worker: Target, response: httpx.Response | DirectResponse
+    ) -> AsyncGenerator[Event, None]:
         status = response.status_code
         head = relayed_response_headers(response.headers.multi_items())
         streaming = call.stream and status < 400
