@@ -44,11 +44,15 @@ servers:
 fleet: $(STAMP) servers
 	$(BIN)/python -m tools.fleet
 
-# Lint and types first (seconds), then the suite.
+# Lint and types first (seconds), then the suite: in parallel on TEST_WORKERS processes (whole
+# files to a worker, so module-scoped servers start once), then the timing-sensitive `serial`
+# tests alone (the files tests/conftest.py lists).
+TEST_WORKERS ?= 2
 test: $(STAMP) servers
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict smg replay journal
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -m serial $$($(BIN)/python -c 'from tests.conftest import SERIAL; print(*SERIAL)')
 
 # Every bench, one after the other (never in parallel: they measure the same cores). The relay
 # and gRPC benches run the reference gateway (the Rust smg wheel, installed into .cache/ on

@@ -17,6 +17,26 @@ from tools.spawn import Spawned, spawn_gateway, spawn_worker
 MODEL = "scripted-model"
 OTHER_MODEL = "other-model"
 
+# Tests whose windows are measured against a loaded machine (a kill -9 under load, an outage's
+# backlog draining while serving goes on, lease expiry, a state server known to be down, the
+# writer's hot path, the inspector following live traffic): they are marked `serial`, and
+# `make test` runs them apart, after the parallel run of the rest.
+SERIAL = (
+    "tests/journal/test_durability.py",
+    "tests/journal/test_writer.py",
+    "tests/inspector/test_live.py",
+    "tests/fleet/test_fleet_gateway.py",
+    "tests/fleet_redis/test_outage.py",
+    "tests/fleet_redis/test_fleet_concurrency.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
 
 class Scripted:
     """The test's handle on the scripted worker: queue answers, read what it received."""

@@ -11,6 +11,7 @@ Run ``python -m tools.real_model`` to fetch and build; it prints the two paths.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -72,8 +73,15 @@ def tokenizer_dir() -> Path:
 
 
 def ensure() -> tuple[Path, Path]:
-    """(the GGUF file, its tokenizer directory), fetched and built as needed."""
-    return gguf_path(), tokenizer_dir()
+    """(the GGUF file, its tokenizer directory), fetched and built as needed.
+
+    Processes that ask at once (parallel test workers on a fresh checkout) take turns: the first
+    fetches and builds, the others then find both in place.
+    """
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return gguf_path(), tokenizer_dir()
 
 
 def main() -> None:

@@ -5,8 +5,6 @@ changed after shipping, trimmed and dropped by retention, and read by `smg journ
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,12 @@ import pytest
 
 from journal import schema as local_schema
 from journal import sketch
-from journal.pg import outbox, schema
+from journal.pg import outbox
 from journal.pg.prune import prune
 from journal.pg.read import PostgresReader
 from journal.pg.shipper import Shipper
 from journal.prices import parse
+from tests.fleet.conftest import until
 from tools.build_journal import T0, Traffic, build
 
 PRICES = parse({"models": {"claude-*": {"input": 1.0, "output": 5.0}}})
@@ -36,32 +35,6 @@ _ROLLED = (
 )
 
 
-def until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def sink(pg_url: str) -> str:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        schema.migrate(conn)
-    return pg_url
-
-
-@pytest.fixture
-def started() -> Iterator[list[Shipper]]:
-    shippers: list[Shipper] = []
-    yield shippers
-    for shipper in shippers:
-        shipper.stop()
-
-
 def _ship(started: list[Shipper], path: Path, url: str, n: int, *, duplicates: int = 0) -> Shipper:
     shipper = Shipper(path, url, "web-1", batch_size=300)
     shipper.start()
@@ -71,6 +44,7 @@ def _ship(started: list[Shipper], path: Path, url: str, n: int, *, duplicates: i
             shipper.stats["requests_shipped"] + shipper.stats["duplicates"] >= n + duplicates
             and shipper.stats["unshipped"] == 0
         ),
+        timeout=30.0,
         what="shipping",
     )
     return shipper

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -22,34 +21,9 @@ from journal.pg.shipper import Shipper
 from journal.redact import SECRET_ENV, SECRET_FILE, redact_value
 from journal.retention import prune
 from journal.writer import JournalWriter, encode
+from tests.fleet.conftest import until
 from tools.build_journal import T0, Traffic, build, requests
 from tools.servers.postgres import PostgresServer
-
-
-def until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def sink(pg_url: str) -> str:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        schema.migrate(conn)
-    return pg_url
-
-
-@pytest.fixture
-def started() -> Iterator[list[Shipper]]:
-    shippers: list[Shipper] = []
-    yield shippers
-    for shipper in shippers:
-        shipper.stop()
 
 
 def _start(started: list[Shipper], path: Path, url: str, replica: str, **kw: Any) -> Shipper:

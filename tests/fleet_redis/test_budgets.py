@@ -10,6 +10,7 @@ import math
 import re
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,7 @@ from tests.admission.conftest import MODEL, QWEN3, events_until, new_id
 from tests.fleet_redis.conftest import eventually
 from tools.engine_control import EngineControl
 from tools.servers.redis import RedisServer
-from tools.spawn import Spawned, free_port, spawn_gateway
+from tools.spawn import Spawned, free_port, spawn_gateway, spawn_together
 
 USER = [{"role": "user", "content": "Say hello."}]
 LONG = " ".join(["word"] * 100)  # 200 output tokens
@@ -62,10 +63,8 @@ def replica(engine: Spawned, limits: Path, state: str, *flags: str, journal: Pat
 
 @pytest.fixture
 def replicas(adm_engine: Spawned, limits: Path, redis_server: RedisServer) -> Iterator[list[Spawned]]:
-    started: list[Spawned] = []
+    started = spawn_together([partial(replica, adm_engine, limits, redis_server.url)] * 3)
     try:
-        for _ in range(3):
-            started.append(replica(adm_engine, limits, redis_server.url))
         yield started
     finally:
         for each in started:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ from tests.admission.test_concurrency import HeldStream
 from tests.fleet_redis.conftest import eventually
 from tools.engine_control import EngineControl
 from tools.servers.redis import RedisServer
-from tools.spawn import Spawned, spawn_gateway
+from tools.spawn import Spawned, spawn_gateway, spawn_together
 
 USER = [{"role": "user", "content": "Say hello."}]
 BODY = {"model": MODEL, "max_tokens": 32, "messages": USER}
@@ -44,10 +45,8 @@ def held_slots(client: redis.Redis) -> int:
 
 @pytest.fixture
 def pair(adm_engine: Spawned, redis_server: RedisServer) -> Iterator[list[Spawned]]:
-    started: list[Spawned] = []
+    started = spawn_together([partial(replica, adm_engine, redis_server.url, 3, "--queue-size", "0")] * 2)
     try:
-        for _ in range(2):
-            started.append(replica(adm_engine, redis_server.url, 3, "--queue-size", "0"))
         yield started
     finally:
         for each in started:

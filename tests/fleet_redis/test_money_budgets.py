@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from tests.admission.test_money_budgets import (
 )
 from tools.engine_control import EngineControl
 from tools.servers.redis import RedisServer
-from tools.spawn import Spawned, spawn_gateway
+from tools.spawn import Spawned, spawn_gateway, spawn_together
 
 
 @pytest.fixture
@@ -33,10 +34,9 @@ def replicas(
     adm_engine: Spawned, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Spawned]]:
     files = write_files(tmp_path_factory.mktemp("redis-money"))
-    started: list[Spawned] = []
+    flags = gateway_flags(*files, redis_server.url)
+    started = spawn_together([partial(spawn_gateway, [adm_engine.url], extra=flags)] * 2)
     try:
-        for _ in range(2):
-            started.append(spawn_gateway([adm_engine.url], extra=gateway_flags(*files, redis_server.url)))
         yield started
     finally:
         for each in started:

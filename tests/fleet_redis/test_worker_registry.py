@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ import redis
 from tests.conftest import Scripted
 from tests.fleet_redis.conftest import eventually
 from tools.servers.redis import RedisServer, SilencingProxy
-from tools.spawn import Spawned, spawn_gateway, spawn_worker
+from tools.spawn import Spawned, spawn_gateway, spawn_together, spawn_worker
 
 STATIC_MODEL = "static-model"
 ADDED_MODEL = "added-model"
@@ -45,10 +46,8 @@ def replica(static: Spawned, url: str) -> Spawned:
 
 @pytest.fixture
 def pair(static_worker: Spawned, redis_server: RedisServer) -> Iterator[list[Spawned]]:
-    started: list[Spawned] = []
+    started = spawn_together([partial(replica, static_worker, redis_server.url)] * 2)
     try:
-        for _ in range(2):
-            started.append(replica(static_worker, redis_server.url))
         yield started
     finally:
         for each in started:

@@ -9,6 +9,7 @@ the SSE stream must fold (with the anthropic SDK's stream helper) into the non-s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from smg.pipeline.parsers.tools import detect_tool_parser
 from tests.grpc.conftest import QWEN3, target_of
 from tools.engine_control import EngineControl
-from tools.spawn import Spawned, spawn_engine, spawn_gateway
+from tools.spawn import Spawned, spawn_engine, spawn_gateway, spawn_together
 
 WEATHER = {
     "name": "get_weather",
@@ -106,15 +107,20 @@ FORMATS: dict[str, tuple[str, str]] = {
 }
 
 
+def _engine(model: str) -> Spawned:
+    return spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", model])
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Spawned, dict[str, EngineControl]]]:
     engines: dict[str, Spawned] = {}
     controls: dict[str, EngineControl] = {}
     gateway: Spawned | None = None
     try:
-        for model in [*FORMATS, "plain-fixture"]:
-            engines[model] = spawn_engine("sglang", model_path=QWEN3, extra=["--served-model-name", model])
-            controls[model] = EngineControl(target_of(engines[model].url))
+        models = [*FORMATS, "plain-fixture"]
+        engines.update(zip(models, spawn_together([partial(_engine, model) for model in models])))
+        for model, engine in engines.items():
+            controls[model] = EngineControl(target_of(engine.url))
         journal = tmp_path_factory.mktemp("parsers") / "j.db"
         gateway = spawn_gateway(
             [e.url for e in engines.values()], journal=journal, extra=["--model-path", str(QWEN3)], timeout=60

@@ -24,24 +24,40 @@ BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content"
 HEADERS = {"authorization": "Bearer client", "x-request-id": "pd-1", "x-smg-routing-key": "k", "cookie": "no"}
 
 
-@pytest.fixture
-def legs(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    prefill, decode = spawn_worker(models=[MODEL]), spawn_worker(models=[MODEL])
-    journal = tmp_path / "pd.db"
-    gw = spawn_gateway(
-        [],
-        journal=journal,
-        extra=["--pd-disaggregation", "--prefill", prefill.url, "8998", "--decode", decode.url, "--disable-retries"],
-    )
-    p, d = Scripted(prefill.url), Scripted(decode.url)
-    p.reset()
-    d.reset()
+def _pair(tmp_path: Path, journal_name: str, worker_extra: list[str], bootstrap: list[str]) -> Iterator[dict[str, Any]]:
+    """A prefill worker, a decode worker and a PD gateway in front of them, stopped afterwards."""
+    prefill = spawn_worker(models=[MODEL], extra=worker_extra)
+    decode = spawn_worker(models=[MODEL], extra=worker_extra)
+    journal = tmp_path / journal_name
     try:
-        yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
+        gw = spawn_gateway(
+            [],
+            journal=journal,
+            extra=["--pd-disaggregation", "--prefill", prefill.url, *bootstrap, "--decode", decode.url]
+            + ["--disable-retries"],
+        )
+        try:
+            p, d = Scripted(prefill.url), Scripted(decode.url)
+            yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
+        finally:
+            gw.stop()
     finally:
-        gw.stop()
         prefill.stop()
         decode.stop()
+
+
+# The workers and gateway are shared by the module's tests; each test starts from empty scripts
+# and empty request logs on both legs.
+@pytest.fixture(scope="module")
+def _sglang_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _pair(tmp_path_factory.mktemp("pd"), "pd.db", [], ["8998"])
+
+
+@pytest.fixture
+def legs(_sglang_pair: dict[str, Any]) -> dict[str, Any]:
+    _sglang_pair["prefill"].reset()
+    _sglang_pair["decode"].reset()
+    return _sglang_pair
 
 
 def test_both_legs_get_the_request_with_one_bootstrap_room_and_the_client_gets_decode(legs: dict[str, Any]) -> None:
@@ -172,25 +188,16 @@ def test_launch_refuses_pd_without_both_roles() -> None:
 # --- vLLM: sequential, the prefill's KV params handed to decode ---------------------------------
 
 
+@pytest.fixture(scope="module")
+def _vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _pair(tmp_path_factory.mktemp("vllm-pd"), "vllm-pd.db", ["--owned-by", "vllm"], [])
+
+
 @pytest.fixture
-def vllm_legs(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    owned = ["--owned-by", "vllm"]
-    prefill, decode = spawn_worker(models=[MODEL], extra=owned), spawn_worker(models=[MODEL], extra=owned)
-    journal = tmp_path / "vllm-pd.db"
-    gw = spawn_gateway(
-        [],
-        journal=journal,
-        extra=["--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url, "--disable-retries"],
-    )
-    p, d = Scripted(prefill.url), Scripted(decode.url)
-    p.reset()
-    d.reset()
-    try:
-        yield {"gw": gw, "prefill": p, "decode": d, "journal": journal, "urls": (prefill.url, decode.url)}
-    finally:
-        gw.stop()
-        prefill.stop()
-        decode.stop()
+def vllm_legs(_vllm_pair: dict[str, Any]) -> dict[str, Any]:
+    _vllm_pair["prefill"].reset()
+    _vllm_pair["decode"].reset()
+    return _vllm_pair
 
 
 HANDOFF = {"do_remote_prefill": True, "remote_engine_id": "eng0", "remote_block_ids": [1, 2], "remote_host": "h"}
@@ -203,7 +210,8 @@ def test_vllm_pair_prefills_sanitized_then_decodes_with_the_returned_kv_params(
     gw, prefill, decode = vllm_legs["gw"], vllm_legs["prefill"], vllm_legs["decode"]
     prefill.script({"json": {"type": "message", "content": [], "kv_transfer_params": HANDOFF}})
     body = {**BODY, "stream": stream, "stream_options": {"include_usage": True}, "n": 1, "min_tokens": 2}
-    reply = httpx.post(gw.url + "/v1/messages", json=body, headers=HEADERS)
+    # One client id per request: both parametrizations journal into the module's one journal.
+    reply = httpx.post(gw.url + "/v1/messages", json=body, headers={**HEADERS, "x-request-id": f"pd-vllm-{stream}"})
     assert reply.status_code == 200, reply.text
     if stream:
         assert "event: message_start" in reply.text  # the decode worker's streamed echo
