@@ -62,6 +62,12 @@ class _Transport(AiohttpTransport):
             response.stream = _Received(response.stream)
         return response
 
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session under this transport (created on first use, as httpx's calls do)."""
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        return self.client
+
 
 class _Received(httpx.AsyncByteStream):
     """A body as aiohttp reads it; when the connection dies, the bytes that had already
@@ -97,12 +103,6 @@ def _held(content: Any) -> bytes:
     buffer.clear()
     content._buffer_offset = content._size = 0
     return held
-
-    def session(self) -> aiohttp.ClientSession:
-        """The aiohttp session under this transport (created on first use, as httpx's calls do)."""
-        if not isinstance(self.client, aiohttp.ClientSession):
-            self.client = self.get_client()
-        return self.client
 
 
 class DirectResponse:
