@@ -7,7 +7,8 @@ without a worker. A generation on a pool that serves images (SGLang, vLLM and TR
 vLLM ZMQ workers for the families their connector sends, an EPD deployment) has its images
 fetched and preprocessed here by the model's family processor, before any worker is chosen, and
 its prompt's placeholders expanded (`smg.pipeline.media`, `smg.pipeline.vision`); their bytes are
-kept as well when a TRT-LLM worker may take the request. What is decided is
+kept as well when a TRT-LLM worker may take the request, and their pixels only when a worker that
+takes pixels may. What is decided is
 `smg.pipeline.prepare`'s.
 """
 
@@ -111,6 +112,10 @@ class Front:
             prompt = replace(prompt, ids=ids)
             if runtimes & RAW_IMAGE_RUNTIMES:
                 image_data = [item.data for item in media]
+            if runtimes and runtimes <= RAW_IMAGE_RUNTIMES:
+                # No worker of the pool takes pixels: kept for every attempt, they would hold
+                # megabytes per image through the whole generation for nothing.
+                images = []
         return prepare(
             request,
             call.model,

@@ -12,6 +12,7 @@ spell its per-rank core metrics alike.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
@@ -383,7 +384,12 @@ class GrpcEngineClient(ABC):
         path, parse = _generate_method(type(self))
         if self._wire is None:
             self._wire = wire.Channel(self.target, connect_timeout=self.timeout)
-        request = self.generate_request(call).SerializeToString()
+        if call.image_data or (call.images and call.send_pixels):
+            # Tens of MB of pixels or image bytes to copy into the message: not on the event
+            # loop, where every other stream would wait for it.
+            request = await asyncio.to_thread(lambda: self.generate_request(call).SerializeToString())
+        else:
+            request = self.generate_request(call).SerializeToString()
         stream = await self._wire.stream(path, request, tracing.grpc_metadata() or ())
         tally = _Tally(delta_counts=self.delta_counts, input_len=len(call.input_ids))
         done: EngineDone | None = None
