@@ -81,12 +81,13 @@ LAYOUTS: dict[type, Layout] = {
         },
     ),
 }
-# A request's images are all of the one family its model has: its tensors' names say which.
+# A request's images are all of the one family its model has: the names of its tensors say which.
 _BY_TENSORS = {
-    "image_grid_thw": LAYOUTS[QwenVlProcessor],
-    "num_crops": LAYOUTS[Gemma3Processor],
-    "image_position_ids": LAYOUTS[Gemma4Processor],
-    "patches_per_image": LAYOUTS[Llama4Processor],
+    frozenset({"image_grid_thw"}): LAYOUTS[QwenVlProcessor],
+    frozenset({"image_sizes"}): LAYOUTS[PixtralProcessor],
+    frozenset({"num_crops"}): LAYOUTS[Gemma3Processor],
+    frozenset({"image_position_ids"}): LAYOUTS[Gemma4Processor],
+    frozenset({"aspect_ratios", "patches_per_image"}): LAYOUTS[Llama4Processor],
 }
 
 
@@ -96,10 +97,11 @@ def sends_images(processor: ImageProcessor) -> bool:
 
 
 def layout_of(image: VisionItem) -> Layout:
-    for name in image.model_tensors:
-        if name in _BY_TENSORS:
-            return _BY_TENSORS[name]
-    return LAYOUTS[PixtralProcessor]
+    """The layout of the family that processed `image` (one `sends_images` passed)."""
+    layout = _BY_TENSORS.get(frozenset(image.model_tensors))
+    if layout is None:
+        raise ValueError(f"no vLLM layout for an image with tensors {sorted(image.model_tensors)}")
+    return layout
 
 
 @dataclass
