@@ -67,6 +67,7 @@ LAYOUTS: dict[type, Layout] = {
     # qwen2_vl.py / qwen2_5_vl.py / qwen3_vl.py: patches flat, the grid read on the CPU to size the encoder.
     QwenVlProcessor: Layout(flat=True, fields={"image_grid_thw": Field("image_grid_thw", keep_on_cpu=True)}),
     # llava.py (PixtralHF) / mistral3.py: each image's [3, H, W] unpadded, batched; image_sizes not kept.
+    # (An engine loading the checkpoint in Mistral's own format, pixtral.py, names these `images`.)
     PixtralProcessor: Layout(flat=False, fields={}),
     # gemma3_mm.py: crops flat by num_patches (the image and its pan-and-scan crops), counted on the CPU.
     Gemma3Processor: Layout(flat=True, fields={"num_crops": Field("num_patches", keep_on_cpu=True, plus=1)}),
