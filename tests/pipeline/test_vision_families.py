@@ -8,8 +8,9 @@ processor cannot be built without torch (its video processor needs torchvision),
 `replace_image_token` runs on an instance given just the attributes that method reads; Pixtral's
 processor class is unavailable without torchvision altogether, so its replacement is checked
 against the published rule (marked below). Llama 4's and Phi-4's image processors run in torch
-only: their pixels are checked against the published formulas (marked below), their replacement
-text by their processors' own methods.
+only: here their pixels are checked against the published formulas (marked below), their
+replacement text by their processors' own methods; `tests/interop/test_transformers_vision.py`
+checks them value for value against those torch processors.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from smg.pipeline.media import MediaItem
 from smg.pipeline.vision import Processed, expand, processor_for
 from smg.pipeline.vision.base import ImageProcessor
+from smg.pipeline.vision.resample import resize_bilinear
 from smg.protocol.errors import ApiError
 
 SPECIALS = [
@@ -283,7 +285,7 @@ def test_gemma4_matches_transformers(tmp_path: Path, budget: int, height: int, w
     assert text_of(ours.tokens) == text.replace_image_token(reference, 0)
 
 
-# --- Llama 4 (pixels: published formulas; transformers' image processor needs torch) ------------
+# --- Llama 4 (pixels: published formulas here, torch's own in tests/interop) -------------------
 
 
 def llama4_dir(root: Path, pre: dict[str, Any] | None = None) -> Path:
@@ -333,8 +335,9 @@ def test_llama4_tiles_and_tokens(tmp_path: Path, height: int, width: int, mode: 
     expected_tiles = down * across + (1 if down * across > 1 else 0)
     assert tiles.shape == (expected_tiles, 3, 56, 56)
     assert ours.model_tensors["patches_per_image"].array().tolist() == [expected_tiles]
-    # Published formula: the image resized without distortion into the canvas, bilinear, padded
-    # with black (-1 once normalized), normalized (x/255 - 0.5) / 0.5, tiles row by row.
+    # Published formula: the image resized without distortion into the canvas (torchvision's
+    # bilinear, checked against torchvision in test_vision_resample), padded with black (-1 once
+    # normalized), normalized (x/255 - 0.5) / 0.5 in bfloat16, tiles row by row.
     image = Image.open(io.BytesIO(data)).convert("RGBA")
     white = Image.new("RGBA", image.size, (255, 255, 255, 255))
     image = Image.alpha_composite(white, image).convert("RGB")
@@ -346,13 +349,14 @@ def test_llama4_tiles_and_tokens(tmp_path: Path, height: int, width: int, mode: 
     else:
         new_h, new_w = bound_h, min(math.floor(image.width * bound_h / image.height), bound_w)
     new_h, new_w = max(1, new_h), max(1, new_w)
-    resized = np.asarray(image.resize((new_w, new_h), Image.Resampling.BILINEAR), dtype=np.float32)
+    resized = resize_bilinear(np.asarray(image), new_h, new_w).astype(np.float32)
     full = np.full((canvas_h, canvas_w, 3), -1.0, dtype=np.float32)
     full[: resized.shape[0], : resized.shape[1]] = (resized / 255 - 0.5) / 0.5
     first = full[:56, :56].transpose(2, 0, 1)
-    assert np.allclose(tiles[0], first, atol=1e-5)
+    assert np.allclose(tiles[0], first, rtol=0, atol=2.0**-8)  # bfloat16's step below 1
     last = full[-56:, -56:].transpose(2, 0, 1)
-    assert np.allclose(tiles[down * across - 1], last, atol=1e-5)
+    assert np.allclose(tiles[down * across - 1], last, rtol=0, atol=2.0**-8)
+    assert not (tiles.view(np.uint32) & 0xFFFF).any()  # every value is a bfloat16 value
     # The text: transformers' own Llama4Processor methods, given our tensors.
     hf = skeleton(
         HfLlama4Processor,
@@ -372,7 +376,7 @@ def test_llama4_tiles_and_tokens(tmp_path: Path, height: int, width: int, mode: 
     assert processor.placeholder_token_id == VOCAB["<|image|>"]
 
 
-# --- Phi-4 multimodal (pixels: published formulas; transformers' image processor needs torch) ------
+# --- Phi-4 multimodal (pixels: published formulas here, torch's own in tests/interop) ----------
 
 
 def phi4_dir(root: Path) -> Path:

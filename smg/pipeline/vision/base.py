@@ -126,9 +126,13 @@ def decode(item: MediaItem) -> Image.Image:
 
 
 def normalized(
-    image: Image.Image, mean: tuple[float, float, float], std: tuple[float, float, float], scale: float = 1 / 255
+    image: Image.Image | np.ndarray[Any, Any],
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    scale: float = 1 / 255,
 ) -> np.ndarray[Any, Any]:
-    """The image as float32 `[C, H, W]`, rescaled and normalized per channel."""
+    """The image (or its `[H, W, C]` uint8 pixels) as float32 `[C, H, W]`, rescaled and normalized
+    per channel."""
     import numpy as np
 
     scaled = np.asarray(image, dtype=np.float32) * np.float32(scale)

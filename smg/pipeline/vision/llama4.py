@@ -8,9 +8,9 @@ a canvas of more than one tile adds the whole image resized to one tile as a las
 `pixel_values` `[tiles, 3, tile, tile]` float32, `aspect_ratios` `[1, 2]` (chunks down, across)
 and `patches_per_image` `[1]` int64, as the reference gateway sends them.
 
-`transformers` runs this processor in torch only, resizing with torchvision's antialiased
-bilinear and normalizing in bfloat16; here PIL's bilinear and float32 are used, as the reference
-gateway does.
+As `transformers`' (torch) processor computes them: resized as torchvision resizes uint8
+images (`vision.resample`), rescaled and normalized in bfloat16 (each step rounded to nearest even), so
+every pixel value is a bfloat16 value, carried as float32.
 
 The template renders one `<|image|>`; it becomes `<|image_start|>`, then for a tiled canvas each
 tile's `<|patch|>` run (tiles of a row separated by `<|tile_x_separator|>`, each row ended by
@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from smg.pipeline.media import MediaItem
-from smg.pipeline.vision.base import HALF, ModelFiles, Processed, Tensor, decode, normalized, triple
+from smg.pipeline.vision.base import HALF, ModelFiles, Processed, Tensor, decode, triple
+from smg.pipeline.vision.resample import resize_bilinear
 
 
 @dataclass(frozen=True)
@@ -110,24 +112,24 @@ class Llama4Processor:
 
     def process(self, item: MediaItem) -> Processed:
         import numpy as np
-        from PIL import Image
 
-        image = decode(item)
-        canvas_h, canvas_w = self.best_canvas(image.height, image.width)
+        image = np.asarray(decode(item))
+        height, width = image.shape[:2]
+        canvas_h, canvas_w = self.best_canvas(height, width)
         if self.resize_to_max_canvas:
             bound = (canvas_h, canvas_w)
         else:
-            bound = (min(max(image.height, self.tile), canvas_h), min(max(image.width, self.tile), canvas_w))
-        new_h, new_w = self.fit_without_distortion(image.height, image.width, bound)
-        padded = Image.new("RGB", (canvas_w, canvas_h), (0, 0, 0))
-        padded.paste(image.resize((new_w, new_h), Image.Resampling.BILINEAR), (0, 0))
+            bound = (min(max(height, self.tile), canvas_h), min(max(width, self.tile), canvas_w))
+        new_h, new_w = self.fit_without_distortion(height, width, bound)
+        padded = np.zeros((canvas_h, canvas_w, 3), dtype=np.uint8)
+        padded[:new_h, :new_w] = resize_bilinear(image, new_h, new_w)
         down, across = canvas_h // self.tile, canvas_w // self.tile
-        chw = normalized(padded, self.mean, self.std)
+        chw = self.normalized(padded)
         tiles = chw.reshape(3, down, self.tile, across, self.tile).transpose(1, 3, 0, 2, 4)
         tiles = tiles.reshape(down * across, 3, self.tile, self.tile)
         if down * across > 1:
-            whole = image.resize((self.tile, self.tile), Image.Resampling.BILINEAR)
-            tiles = np.concatenate([tiles, normalized(whole, self.mean, self.std)[None]])
+            whole = resize_bilinear(image, self.tile, self.tile)
+            tiles = np.concatenate([tiles, self.normalized(whole)[None]])
         return Processed(
             pixel_values=Tensor.of(tiles),
             model_tensors={
@@ -138,6 +140,15 @@ class Llama4Processor:
             embed_token_id=self.tokens.patch,
             flat=True,
         )
+
+    def normalized(self, pixels: Any) -> Any:
+        """`[H, W, 3]` uint8 as float32 `[3, H, W]`: rescaled, then normalized, in bfloat16."""
+        import numpy as np
+
+        mean = bfloat16(np.asarray(self.mean, dtype=np.float32))
+        std = bfloat16(np.asarray(self.std, dtype=np.float32))
+        scaled = bfloat16(pixels.astype(np.float32) * np.float32(1 / 255))
+        return bfloat16(bfloat16(scaled - mean) / std).transpose(2, 0, 1)
 
     def prompt_tokens(self, down: int, across: int) -> tuple[int, ...]:
         t = self.tokens
@@ -152,3 +163,12 @@ class Llama4Processor:
                 out.append(t.tile_y)
         out += [t.image, *run, t.end]
         return tuple(out)
+
+
+def bfloat16(values: Any) -> Any:
+    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch rounds), as float32."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)

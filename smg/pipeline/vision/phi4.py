@@ -13,8 +13,8 @@ padded height, width), `image_attention_mask` `[1, 1 + crops, crop/patch, crop/p
 `<|image|>`; it becomes `num_img_tokens` copies: 256 global + 1 separator + the HD mask's
 patches (every second row and column) + one newline per HD row + 16.
 
-`transformers` runs this processor in torch only (torchvision's antialiased bilinear for the
-first resize); PIL's bilinear stands in for it, as the reference gateway does.
+The first resize is torchvision's antialiased bilinear of the uint8 image (`vision.resample`),
+as `transformers`' (torch) processor resizes it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from smg.pipeline.media import MediaItem, processing_failed
 from smg.pipeline.vision.base import HALF, ModelFiles, Processed, Tensor, decode, normalized, triple
+from smg.pipeline.vision.resample import resize_bilinear
 
 GLOBAL_TOKENS = 256
 SEPARATOR_TOKENS = 1
@@ -82,20 +83,20 @@ class Phi4Processor:
 
     def process(self, item: MediaItem) -> Processed:
         import numpy as np
-        from PIL import Image
 
-        image = decode(item)
-        across, down = self.grid(image.height, image.width)
+        image = np.asarray(decode(item))
+        height, width = image.shape[:2]
+        across, down = self.grid(height, width)
         target_w, target_h = self.crop * across, self.crop * down
-        if target_w / image.width < target_h / image.height:
-            new_w, new_h = target_w, int(image.height * (target_w / image.width))
+        if target_w / width < target_h / height:
+            new_w, new_h = target_w, int(height * (target_w / width))
         else:
-            new_w, new_h = int(image.width * (target_h / image.height)), target_h
+            new_w, new_h = int(width * (target_h / height)), target_h
         if min(new_h, target_h) < 10 or min(new_w, target_w) < 10:
-            raise processing_failed(f"Image aspect ratio of {image.width}x{image.height} is too extreme to encode")
+            raise processing_failed(f"Image aspect ratio of {width}x{height} is too extreme to encode")
         pad_w, pad_h = target_w - new_w, target_h - new_h
-        canvas = Image.new("RGB", (target_w, target_h), (255, 255, 255))
-        canvas.paste(image.resize((new_w, new_h), Image.Resampling.BILINEAR), (0, 0))
+        canvas = np.full((target_h, target_w, 3), 255, dtype=np.uint8)
+        canvas[:new_h, :new_w] = resize_bilinear(image, new_h, new_w)
         hd = normalized(canvas, self.mean, self.std)
         whole = bicubic(hd, self.crop, self.crop)
         crops = hd.reshape(3, down, self.crop, across, self.crop).transpose(1, 3, 0, 2, 4)
