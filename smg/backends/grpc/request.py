@@ -83,8 +83,9 @@ def check_servable(request: Any, runtime: str, *, generating: bool, images: bool
     elif not images and _has_images(request):
         raise ApiError(
             400,
-            "Image inputs are not supported on these gRPC workers by this gateway (SGLang, vLLM and TRT-LLM "
-            "workers and EPD deployments take them; count_tokens counts them as the template's placeholder)",
+            "Image inputs are not supported on these workers for this model by this gateway (SGLang, vLLM and "
+            "TRT-LLM gRPC workers, vLLM ZMQ workers for the families the README lists, and EPD deployments take "
+            "them; count_tokens counts them as the template's placeholder)",
             code="multimodal_not_supported",
         )
 
