@@ -27,11 +27,22 @@ def executable() -> Path:
     named = os.environ.get("SMG_REFERENCE_BIN")
     if named:
         return Path(named)
-    binary = VENV / "bin" / "smg"
+    venv = VENV.resolve()  # `.cache` may be a link: scripts must name the real path
+    binary = venv / "bin" / "smg"
     if not binary.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", f"smg=={VERSION}"], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"smg=={VERSION}"], check=True)
     return binary
+
+
+def command() -> list[str]:
+    """How to run the reference `smg`: a named executable as it is; the installed one through its
+    venv's interpreter, so a venv whose scripts name an interpreter path that has since moved
+    still runs."""
+    binary = executable()
+    if os.environ.get("SMG_REFERENCE_BIN"):
+        return [str(binary)]
+    return [str(binary.parent / "python"), str(binary)]
 
 
 @dataclass(eq=False)
@@ -52,7 +63,7 @@ def spawn_reference(
     answers; gRPC engines need the tokenizer's `model_path`, and get the same `parsers`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [str(executable()), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls]
+    args = [*command(), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls]
     if model_path is not None:
         args += ["--model-path", str(model_path)]
     if parsers is not None:
