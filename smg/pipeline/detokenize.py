@@ -46,6 +46,11 @@ class Detokenizer:
 
     def flush(self) -> str:
         """The held-back text at the end of the sequence (an incomplete character as U+FFFD)."""
+        if self._read == len(self._ids):
+            # Nothing held back (the prefix and the window are the same ids): no text to add.
+            self._ids.clear()
+            self._prefix = self._read = 0
+            return ""
         prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])
         self._ids.clear()

@@ -11,8 +11,9 @@ built from is in the returned `Prepared`; the engine-specific call is the connec
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from journal.events import Block, Counted, Event, Rendered, Routed
@@ -59,10 +60,27 @@ def stop_token_map(tokenizer: Tokenizer, stops: list[str]) -> dict[int, str]:
 
 
 def settings_record(settings: GenerationSettings) -> dict[str, Any]:
-    """The settings as the journal keeps them (JSON object keys are strings)."""
-    record = asdict(settings)
-    record["stop_token_map"] = {str(k): v for k, v in settings.stop_token_map.items()}
-    return record
+    """The settings as the journal keeps them (JSON object keys are strings): the fields in
+    their declared order, what they hold copied (the record outlives later edits of them).
+    Written out rather than `dataclasses.asdict`, which walks every value at
+    about 25 times the cost."""
+    s = settings
+    return {
+        "message_id": s.message_id,
+        "model": s.model,
+        "stream": s.stream,
+        "stop_sequences": list(s.stop_sequences),
+        "stop_token_map": {str(k): v for k, v in s.stop_token_map.items()},
+        "eos_token_ids": list(s.eos_token_ids),
+        "skip_special_tokens": s.skip_special_tokens,
+        "tool_parser": s.tool_parser,
+        "reasoning_parser": s.reasoning_parser,
+        "in_reasoning": s.in_reasoning,
+        "start_consumed": s.start_consumed,
+        "forced_tool": s.forced_tool,
+        "tools": copy.deepcopy(s.tools) if s.tools is not None else None,
+        "display_omitted": s.display_omitted,
+    }
 
 
 def refusal_window(windows: Sequence[int], *, endpoint: str, generating: bool) -> int | None:

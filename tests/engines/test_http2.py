@@ -199,6 +199,43 @@ def test_the_request_headers_carry_the_grpc_fields_and_the_callers_metadata() ->
     assert engine.client.start(PATH, ()).id == 3  # client streams are odd, in order
 
 
+def test_calls_without_metadata_send_one_header_block_that_leaves_the_dynamic_table_alone() -> None:
+    # Built once per path: the same bytes on every call, whatever the table holds meanwhile.
+    engine = Engine()
+    blocks = []
+    for metadata in [(), (), [("traceparent", "00-abc-01")], ()]:
+        engine.client.start(PATH, metadata)
+        ((kind, flags, _, block),) = engine.written()
+        assert (kind, flags) == (HEADERS, END_HEADERS)
+        blocks.append(block)
+    assert blocks[0] == blocks[1] == blocks[3]
+    expected = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", PATH),
+        (":authority", "engine:50051"),
+        ("te", "trailers"),
+        ("content-type", "application/grpc"),
+        ("user-agent", "smg"),
+        ("grpc-accept-encoding", "identity,deflate,gzip"),
+    ]
+    assert engine.requests == [expected, expected, [*expected, ("traceparent", "00-abc-01")], expected]
+
+
+def test_after_the_peer_resizes_the_header_table_the_next_block_opens_with_the_size_update() -> None:
+    engine = Engine()
+    engine.client.start(PATH, ())
+    engine.written()
+    engine.feed(frame(SETTINGS, 0, 0, settings((http2.SETTINGS_HEADER_TABLE_SIZE, 256))))
+    engine.client.start(PATH, ())
+    headers = [f for f in engine.written() if f[0] == HEADERS]
+    assert headers[0][3][0] & 0xE0 == 0x20  # a dynamic table size update (RFC 7541 6.3)
+    assert engine.requests[-1] == engine.requests[0]
+    engine.client.start(PATH, ())
+    engine.written()
+    assert engine.requests[-1] == engine.requests[0]
+
+
 def test_a_header_block_past_the_peers_frame_size_goes_on_in_continuation_frames() -> None:
     engine = Engine()
     engine.client.start(PATH, [("x-big", "v" * 40_000)])

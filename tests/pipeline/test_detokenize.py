@@ -129,3 +129,28 @@ def test_empty_pushes() -> None:
     detok = Detokenizer(_toy.byte_level())
     assert detok.push([]) == ""
     assert detok.flush() == ""
+
+
+class _Counting:
+    """A real tokenizer, with the decodes it was asked for counted."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.decodes = 0
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        self.decodes += 1
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_a_flush_with_nothing_held_back_decodes_nothing() -> None:
+    # A non-streamed answer arrives as one chunk: its text is certain at the push, and the
+    # flush after it has no text to add, so it costs no decode of the whole answer.
+    counting = _Counting(_toy.fixture("qwen3"))
+    detok = Detokenizer(counting)
+    ids = counting.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 20)
+    text = detok.push(ids)
+    before = counting.decodes
+    assert detok.flush() == ""
+    assert counting.decodes == before
+    assert text == counting.tokenizer.decode(ids)

@@ -4,11 +4,14 @@ stops, plan and settings, and a worker's window check."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from journal.events import Block, Counted, Rendered, Routed
+from smg.pipeline.generation import GenerationSettings
 from smg.pipeline.prepare import (
     RENDER_INLINE_BYTES,
     check_untokenized,
@@ -17,6 +20,7 @@ from smg.pipeline.prepare import (
     empty_answer,
     prepare,
     refusal_window,
+    settings_record,
     stop_token_map,
 )
 from smg.pipeline.render import render_prompt
@@ -135,3 +139,29 @@ def test_check_window(window: int | None, refused: bool) -> None:
         assert caught.value.status == 400 and caught.value.code == "context_length_exceeded"
     else:
         check_window(prepared, window)
+
+
+def test_the_settings_record_is_every_field_in_order_copied() -> None:
+    settings = GenerationSettings(
+        message_id="msg_1",
+        model="m",
+        stream=True,
+        stop_sequences=["END", "x"],
+        stop_token_map={7: "END"},
+        eos_token_ids=[1, 2],
+        tool_parser="qwen",
+        reasoning_parser="qwen3",
+        in_reasoning=True,
+        forced_tool="get_weather",
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        display_omitted=True,
+    )
+    record = settings_record(settings)
+    expected = {**dataclasses.asdict(settings), "stop_token_map": {"7": "END"}}
+    assert list(record) == [f.name for f in dataclasses.fields(GenerationSettings)]
+    assert orjson.dumps(record) == orjson.dumps(expected)
+    assert settings.tools is not None
+    settings.tools[0]["function"]["name"] = "changed"
+    settings.stop_sequences.append("later")
+    assert record["tools"][0]["function"]["name"] == "get_weather"
+    assert record["stop_sequences"] == ["END", "x"]

@@ -100,6 +100,46 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return FRAME_HEAD.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
 
 
+# The request fields after the pseudo-headers, every call's.
+_FIXED_FIELDS = (
+    ("te", "trailers"),
+    ("content-type", "application/grpc"),
+    ("user-agent", "smg"),
+    ("grpc-accept-encoding", "identity,deflate,gzip"),
+)
+# HPACK static table indices (RFC 7541 Appendix A).
+_STATIC_NAMES = {":authority": 1, ":path": 4, "content-type": 31, "user-agent": 58}
+_METHOD_POST, _SCHEME_HTTP = 3, 6
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = bytearray([first | limit])
+    value -= limit
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _hpack_literal(name: str, value: str) -> bytes:
+    """One field as a literal without indexing (its name from the static table when it is there)."""
+    raw = value.encode()
+    index = _STATIC_NAMES.get(name)
+    head = _hpack_int(index, 4, 0) if index else b"\x00" + _hpack_int(len(name), 7, 0) + name.encode()
+    return head + _hpack_int(len(raw), 7, 0) + raw
+
+
+def _fixed_block(path: str, authority: str) -> bytes:
+    """The request header block of a call without metadata: static-table entries and literals
+    without indexing only, so the same bytes are right whatever the dynamic table holds."""
+    fields = ((":path", path), (":authority", authority), *_FIXED_FIELDS)
+    return bytes([0x80 | _METHOD_POST, 0x80 | _SCHEME_HTTP]) + b"".join(_hpack_literal(k, v) for k, v in fields)
+
+
 def status_name(value: str | None) -> str:
     """A `grpc-status` trailer's value by its code name (`UNKNOWN` for what is not one)."""
     try:
@@ -228,6 +268,8 @@ class ClientConnection:
         self._block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
         self._readable: dict[int, Readable] = {}  # by stream id, in order, once each
         self._events: list[Event] = []
+        self._blocks: dict[str, bytes] = {}  # the request header block of a call without metadata, by path
+        self._table_resized = False  # the peer changed the dynamic table's size: the encoder says so next
         settings = b"".join(
             struct.pack(">HL", key, value)
             for key, value in (
@@ -501,6 +543,8 @@ class ClientConnection:
             elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
             elif key == SETTINGS_HEADER_TABLE_SIZE:
+                if value != self.encoder.header_table_size:
+                    self._table_resized = True
                 self.encoder.header_table_size = value
         self.outbound += frame(SETTINGS, ACK, 0)
         if not self.settled:
@@ -566,18 +610,10 @@ class ClientConnection:
             raise NotStarted(self.closed.code, self.closed.message)
         self.next_id += 2
         stream = self.streams[stream_id] = StreamState(stream_id, self.peer_initial_window)
-        headers = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", self.authority),
-            ("te", "trailers"),
-            ("content-type", "application/grpc"),
-            ("user-agent", "smg"),
-            ("grpc-accept-encoding", "identity,deflate,gzip"),
-            *metadata,
-        ]
-        block = self.encoder.encode(headers)
+        extra = tuple(metadata)
+        block = None if extra or self._table_resized else self._blocks.get(path)
+        if block is None:
+            block = self._header_block(path, extra)
         limit = self.peer_max_frame
         out = self.outbound
         out += frame(HEADERS, END_HEADERS if len(block) <= limit else 0, stream_id, block[:limit])
@@ -585,6 +621,24 @@ class ClientConnection:
             last = pos + limit >= len(block)
             out += frame(CONTINUATION, END_HEADERS if last else 0, stream_id, block[pos : pos + limit])
         return stream
+
+    def _header_block(self, path: str, metadata: tuple[tuple[str, str], ...]) -> bytes:
+        """The request headers of a call on `path`. Without metadata the block is built once per
+        path with no reference to the dynamic table (`_fixed_block`); with metadata, or after
+        the peer resized the table (the size update opens the next block), the encoder does it."""
+        if metadata or self._table_resized:
+            self._table_resized = False
+            headers = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", self.authority),
+                *_FIXED_FIELDS,
+                *metadata,
+            ]
+            return bytes(self.encoder.encode(headers))
+        block = self._blocks[path] = _fixed_block(path, self.authority)
+        return block
 
     def send(self, stream: StreamState, body: bytes | memoryview, sent: int = 0) -> int:
         """DATA for `body` from offset `sent`, as far as both windows and the peer's frame size
