@@ -35,6 +35,7 @@ fills it in for the requests already in the file.
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 from typing import Any
 
@@ -93,6 +94,7 @@ PARSED_ELSEWHERE_CHARS = 1 << 20
 _SSE_DRAIN = 256 * 1024  # gathered SSE characters read at once at most
 _DELTA_KEYS = ("text", "thinking", "partial_json")
 # The SSE events other than deltas that `fold` takes anything from.
+_DATA_LINE = re.compile(r"^data:(.*)", re.MULTILINE)  # what follows `data:` on a line
 _SSE_MARKERS = ('"content_block_start"', '"message_stop"', '"error"')
 
 
@@ -335,36 +337,46 @@ def _drain_sse(row: dict[str, Any]) -> None:
     if not parts:
         return
     row[_SSE_SIZE] = 0
-    lines = (row.pop(_SSE, "") + "".join(parts)).split("\n")
-    row[_SSE] = lines[-1][-TEXT_LIMIT:]
-    full = row.get(_SIZE, 0) >= TEXT_LIMIT
-    for line in lines[:-1]:
-        if not line.startswith("data:"):
-            continue
+    text = row.pop(_SSE, "") + "".join(parts)
+    end = text.rfind("\n") + 1  # 0: no whole line yet
+    row[_SSE] = text[end:][-TEXT_LIMIT:]
+    # Once per stream, over every delta it carried: the `data:` lines are found in C, and the
+    # text gathered in locals (`_add`'s rules, inlined), written back around anything else.
+    pieces: list[str] | None = row.get(_TEXT)
+    size = row.get(_SIZE, 0)
+    for line in _DATA_LINE.findall(text, 0, end):
         # Most lines of a stream are deltas: read those straight into the text, and skip the
         # ones that add nothing (message_start/delta, ping, block stops) without parsing them.
         if '"content_block_delta"' in line:
-            if full:
+            if size >= TEXT_LIMIT:
                 continue
             try:
-                delta = orjson.loads(line[5:]).get("delta")
+                delta = orjson.loads(line).get("delta")
             except (orjson.JSONDecodeError, AttributeError):
                 continue
             if isinstance(delta, dict):
                 for key in _DELTA_KEYS:
                     value = delta.get(key)
-                    if isinstance(value, str):
-                        _add(row, value)
-                        full = row.get(_SIZE, 0) >= TEXT_LIMIT
+                    if value and isinstance(value, str) and size < TEXT_LIMIT:
+                        piece = value[: TEXT_LIMIT - size]
+                        if pieces is None:
+                            pieces = row[_TEXT] = []
+                        pieces.append(piece)
+                        size += len(piece) + 1
             continue
         if not any(marker in line for marker in _SSE_MARKERS):
             continue
         try:
-            payload = orjson.loads(line[5:])
+            payload = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
         if isinstance(payload, dict):
+            if size:
+                row[_SIZE] = size
             fold(row, Block(event=payload))
+            pieces, size = row.get(_TEXT), row.get(_SIZE, 0)
+    if size:
+        row[_SIZE] = size
 
 
 def _add(row: dict[str, Any], text: str) -> None:

@@ -1030,9 +1030,20 @@ def _event_count(rows: _Rows) -> int:
     return sum(row[5] for row in rows)
 
 
+_COLUMN_DEFAULTS = tuple(0 if col in schema.FLAG_COLUMNS else None for col in schema.REQUEST_COLUMNS)
+_INT64 = 1 << 63
+
+
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
-    values = (row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col) for col in schema.REQUEST_COLUMNS)
-    return tuple(_sql_value(v) for v in values)
+    # Run per request and batch: a row whose values SQLite binds as they are (nearly every
+    # one) is not passed through `_sql_value` value by value.
+    values = tuple(map(row.get, schema.REQUEST_COLUMNS, _COLUMN_DEFAULTS))
+    for value in values:
+        if value is not None:
+            kind = type(value)
+            if not (kind is float or (kind is str and value.isascii()) or (kind is int and -_INT64 <= value < _INT64)):
+                return tuple(map(_sql_value, values))
+    return values
 
 
 def _sql_value(value: Any) -> Any:
