@@ -415,13 +415,12 @@ def text_rows(finished: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
-def write_text(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
-    """Index the text of the requests completed in this transaction (their summary rows are
-    already upserted in it: the text row takes the summary row's rowid)."""
+def write_text(conn: sqlite3.Connection, rows: list[tuple[int, str]]) -> None:
+    """Index the text of the requests completed in this transaction: `(rowid, text)`, the
+    rowid of each one's summary row (already upserted in it). Given as values: FTS5 takes
+    an `INSERT … SELECT` four times slower than the same rows bound one by one."""
     if rows:
-        conn.executemany(
-            f"INSERT OR REPLACE INTO {TABLE} (rowid, body) SELECT rowid, ? FROM requests WHERE id = ?", rows
-        )
+        conn.executemany(f"INSERT OR REPLACE INTO {TABLE} (rowid, body) VALUES (?, ?)", rows)
 
 
 def keyed(condition: str) -> str:
