@@ -815,12 +815,17 @@ class JournalWriter:
         finished: list[str] = []
         body_filter = self._bodies
         prices = self._prices
+        filtering = body_filter.mode != "full"  # `full` keeps every event as it is
         runs: dict[str, list[tuple[int, Event]]] = {}
         for request_id, seq, event in events:
             try:
-                request_id = clean_text(request_id)
+                if not request_id.isascii():
+                    request_id = clean_text(request_id)
                 received = event
-                event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
+                if isinstance(event, Received):
+                    event = redacted_body(event, INLINE_REDACT_CHARS, self._secret)
+                if filtering:
+                    event = body_filter(request_id, event)
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
                 data = None if packable else _stored(encode(event))
