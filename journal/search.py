@@ -35,7 +35,6 @@ fills it in for the requests already in the file.
 from __future__ import annotations
 
 import hashlib
-import re
 import sqlite3
 from typing import Any
 
@@ -94,7 +93,6 @@ PARSED_ELSEWHERE_CHARS = 1 << 20
 _SSE_DRAIN = 256 * 1024  # gathered SSE characters read at once at most
 _DELTA_KEYS = ("text", "thinking", "partial_json")
 # The SSE events other than deltas that `fold` takes anything from.
-_DATA_LINE = re.compile(r"^data:(.*)", re.MULTILINE)  # what follows `data:` on a line
 _SSE_MARKERS = ('"content_block_start"', '"message_stop"', '"error"')
 
 
@@ -337,14 +335,16 @@ def _drain_sse(row: dict[str, Any]) -> None:
     if not parts:
         return
     row[_SSE_SIZE] = 0
-    text = row.pop(_SSE, "") + "".join(parts)
-    end = text.rfind("\n") + 1  # 0: no whole line yet
-    row[_SSE] = text[end:][-TEXT_LIMIT:]
-    # Once per stream, over every delta it carried: the `data:` lines are found in C, and the
-    # text gathered in locals (`_add`'s rules, inlined), written back around anything else.
+    lines = (row.pop(_SSE, "") + "".join(parts)).split("\n")
+    row[_SSE] = lines[-1][-TEXT_LIMIT:]
+    # Once per stream, over every delta it carried: the text is gathered in locals (`_add`'s
+    # rules, inlined) and written back around anything else.
     pieces: list[str] | None = row.get(_TEXT)
     size = row.get(_SIZE, 0)
-    for line in _DATA_LINE.findall(text, 0, end):
+    for line in lines[:-1]:
+        if not line.startswith("data:"):
+            continue
+        line = line[5:]
         # Most lines of a stream are deltas: read those straight into the text, and skip the
         # ones that add nothing (message_start/delta, ping, block stops) without parsing them.
         if '"content_block_delta"' in line:
