@@ -418,6 +418,17 @@ def redacted(event: Event, key: bytes | None = None, *, body_up_to: int | None =
         return replace(event, headers=headers, query=query, body=body)
     if isinstance(event, Upstream) and event.headers:
         return replace(event, headers=redact_headers(event.headers, key))
-    if isinstance(event, Validated) and event.summary:
+    if isinstance(event, Validated) and event.summary and not _plain(event.summary):
         return replace(event, summary=_redact_urls(_redact_tokens(event.summary, key), key))
     return event
+
+
+def _plain(summary: dict[str, Any]) -> bool:
+    """Whether a validated summary holds nothing to redact, without a copy: only counts and
+    names (what validation puts there for every request), none of them a token or a URL."""
+    if _TOKEN_KEY in summary:
+        return False
+    for value in summary.values():
+        if isinstance(value, dict | list) or (isinstance(value, str) and "://" in value):
+            return False
+    return True

@@ -257,7 +257,7 @@ def _stored(payload: bytes) -> str | bytes:
 # (request id, seq, kind, t, data, events in the row): the text id becomes `rk` at commit time.
 _Rows = list[tuple[str, int, str, float, str | bytes, int]]
 _Params = list[tuple[Any, ...]]
-_Texts = list[tuple[str, str]]  # (text, request id): `journal.search.write_text`
+_Texts = list[tuple[str, str]]  # (text, request id): keyed for `journal.search.write_text` at commit
 
 
 class JournalWriter:
@@ -815,12 +815,17 @@ class JournalWriter:
         finished: list[str] = []
         body_filter = self._bodies
         prices = self._prices
+        filtering = body_filter.mode != "full"  # `full` keeps every event as it is
         runs: dict[str, list[tuple[int, Event]]] = {}
         for request_id, seq, event in events:
             try:
-                request_id = clean_text(request_id)
+                if not request_id.isascii():
+                    request_id = clean_text(request_id)
                 received = event
-                event = body_filter(request_id, redacted_body(event, INLINE_REDACT_CHARS, self._secret))
+                if isinstance(event, Received):
+                    event = redacted_body(event, INLINE_REDACT_CHARS, self._secret)
+                if filtering:
+                    event = body_filter(request_id, event)
                 seq = int(seq)
                 packable = event.kind in packed.PACKABLE
                 data = None if packable else _stored(encode(event))
@@ -934,7 +939,7 @@ class JournalWriter:
                 for request_id in missing:  # only when a summary row was refused: never lose its events
                     keys[request_id] = self._key(conn, request_id)
                 conn.executemany(_INSERT_EVENT, [(keys[r[0]], *r[1:5]) for r in rows])
-                search.write_text(conn, texts)
+                search.write_text(conn, self._keyed_texts(conn, texts, keys))
                 rollups.fold(conn)
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
@@ -952,8 +957,9 @@ class JournalWriter:
                         upserted[params[0]] = conn.execute(_UPSERT_REQUEST, params).fetchone()[0]
                     except _ROW_ERRORS as exc:
                         log.error("journal: summary row %s dropped: %s", params[0], exc)
-                rows = self._one_by_one(conn, rows, known | upserted)
-                search.write_text(conn, texts)
+                keys = known | upserted
+                rows = self._one_by_one(conn, rows, keys)
+                search.write_text(conn, self._keyed_texts(conn, texts, keys))
                 _fold_or_skip(conn)
             conn.execute("COMMIT")
         except BaseException:
@@ -984,6 +990,21 @@ class JournalWriter:
                 updates.setdefault(_update_sql(changed), []).append((*(params[i] for i in changed), rk))
                 updated[params[0]] = rk
         return updates, updated, rest
+
+    @staticmethod
+    def _keyed_texts(conn: sqlite3.Connection, texts: _Texts, keys: dict[str, int]) -> list[tuple[int, str]]:
+        """`(rowid, text)` for `journal.search.write_text`; a request without a key here (its
+        summary row refused, its events too) is looked up, and left out when it has no row."""
+        keyed = []
+        for text, request_id in texts:
+            rk = keys.get(request_id)
+            if rk is None:
+                found = conn.execute("SELECT rk FROM requests WHERE id = ?", (request_id,)).fetchone()
+                if found is None:
+                    continue
+                rk = found[0]
+            keyed.append((rk, text))
+        return keyed
 
     @staticmethod
     def _key(conn: sqlite3.Connection, request_id: str) -> int:
@@ -1030,9 +1051,20 @@ def _event_count(rows: _Rows) -> int:
     return sum(row[5] for row in rows)
 
 
+_COLUMN_DEFAULTS = tuple(0 if col in schema.FLAG_COLUMNS else None for col in schema.REQUEST_COLUMNS)
+_INT64 = 1 << 63
+
+
 def _request_params(row: dict[str, Any]) -> tuple[Any, ...]:
-    values = (row.get(col, 0) if col in schema.FLAG_COLUMNS else row.get(col) for col in schema.REQUEST_COLUMNS)
-    return tuple(_sql_value(v) for v in values)
+    # Run per request and batch: a row whose values SQLite binds as they are (nearly every
+    # one) is not passed through `_sql_value` value by value.
+    values = tuple(map(row.get, schema.REQUEST_COLUMNS, _COLUMN_DEFAULTS))
+    for value in values:
+        if value is not None:
+            kind = type(value)
+            if not (kind is float or (kind is str and value.isascii()) or (kind is int and -_INT64 <= value < _INT64)):
+                return tuple(map(_sql_value, values))
+    return values
 
 
 def _sql_value(value: Any) -> Any:

@@ -73,7 +73,7 @@ def journal_of(rows: list[Row]) -> Iterator[Path]:
                     [(rk, seq, kind, data) for seq, (kind, data) in enumerate(row.events, 1)],
                 )
                 # The text index holds the searched events' text, as the writer gathers it.
-                search.write_text(conn, [(indexed_text(row), row.values["id"])])
+                search.write_text(conn, [(rk, indexed_text(row))])
             conn.execute("COMMIT")
         finally:
             conn.close()

@@ -19,6 +19,7 @@ from journal.redact import (
     redact_query,
     redact_url,
     redact_value,
+    redacted,
 )
 from journal.writer import JournalWriter
 
@@ -421,3 +422,12 @@ def test_a_large_body_without_secrets_is_scanned_in_place() -> None:
         tracemalloc.stop()
     assert out is body
     assert peak < SCAN_WINDOW_CHARS // 8
+
+
+def test_a_flat_validated_summary_is_redacted_only_where_it_holds_a_secret() -> None:
+    plain = Validated(model="m", summary={"messages": 2, "max_tokens": 64, "tool_choice": "auto"})
+    assert redacted(plain) is plain  # nothing to redact: kept, not copied
+    token = redacted(Validated(model="m", summary={"messages": 1, "authorization_token": "tok-flat"}))
+    assert isinstance(token, Validated) and token.summary["authorization_token"] == marker("tok-flat")
+    url = redacted(Validated(model="m", summary={"alias": "https://user:pw-flat@example.test/x"}))
+    assert isinstance(url, Validated) and "pw-flat" not in url.summary["alias"]
