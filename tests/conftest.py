@@ -28,6 +28,7 @@ SERIAL = (
     "tests/fleet/test_fleet_gateway.py",
     "tests/fleet_redis/test_outage.py",
     "tests/fleet_redis/test_fleet_concurrency.py",
+    "tests/server/test_big_bodies.py",
 )
 
 
