@@ -48,10 +48,11 @@ def _has_images(request: Any) -> bool:
     return False
 
 
-# The engines whose protos carry images: SGLang's and vLLM's preprocessed `mm_inputs`, TRT-LLM's
-# raw `image_data` (its own input processor encodes them; the prompt's placeholders are expanded
-# by the gateway all the same, as the reference gateway sends them).
-IMAGE_RUNTIMES = frozenset({"sglang", "vllm", "trtllm"})
+# The engines whose protos carry images: SGLang's and vLLM's preprocessed `mm_inputs` batch,
+# TokenSpeed's `mm_inputs` items (each with its pixels as the encoder input), TRT-LLM's raw
+# `image_data` (its own input processor encodes them; the prompt's placeholders are expanded by
+# the gateway all the same, as the reference gateway sends them).
+IMAGE_RUNTIMES = frozenset({"sglang", "vllm", "tokenspeed", "trtllm"})
 # Of those, the engines that take each image's own bytes.
 RAW_IMAGE_RUNTIMES = frozenset({"trtllm"})
 
@@ -83,9 +84,9 @@ def check_servable(request: Any, runtime: str, *, generating: bool, images: bool
     elif not images and _has_images(request):
         raise ApiError(
             400,
-            "Image inputs are not supported on these workers for this model by this gateway (SGLang, vLLM and "
-            "TRT-LLM gRPC workers, vLLM ZMQ workers for the families the README lists, and EPD deployments take "
-            "them; count_tokens counts them as the template's placeholder)",
+            "Image inputs are not supported on these workers for this model by this gateway (SGLang, vLLM, "
+            "TokenSpeed and TRT-LLM gRPC workers, vLLM ZMQ workers for the families the README lists, and EPD "
+            "deployments take them; count_tokens counts them as the template's placeholder)",
             code="multimodal_not_supported",
         )
 
