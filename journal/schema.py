@@ -58,10 +58,13 @@ DEFAULT_PATH = "smg-journal.db"
 ENV_VAR = "SMG_JOURNAL"
 """Environment variable that overrides `DEFAULT_PATH`."""
 
-Migration = Callable[[sqlite3.Connection], None]
+Progress = Callable[[int, int], None]
+"""Told (requests counted, requests to count) as a migration that counts requests goes on."""
+Migration = Callable[[sqlite3.Connection, Progress | None], None]
+"""One step, told of its progress when it counts every request (the rollups')."""
 
 
-def _v1(conn: sqlite3.Connection) -> None:
+def _v1(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     conn.execute(
         """
         CREATE TABLE events (
@@ -106,7 +109,7 @@ def _v1(conn: sqlite3.Connection) -> None:
         conn.execute(f"CREATE INDEX requests_{column} ON requests ({column})")
 
 
-def _v2(conn: sqlite3.Connection) -> None:
+def _v2(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     # Listing is filter + ORDER BY ts LIMIT n. With (column, ts) indexes an equality filter
     # reads the matching rows already in time order and stops after n; a single-column index
     # would make SQLite fetch and sort every match (all of them, for `backend:http`).
@@ -120,7 +123,7 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE requests ADD COLUMN bodies TEXT DEFAULT 'full'")
 
 
-def _v3(conn: sqlite3.Connection) -> None:
+def _v3(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     conn.execute("ALTER TABLE requests ADD COLUMN client_id TEXT")
     conn.execute("UPDATE requests SET client_id = id")
     conn.execute("CREATE INDEX requests_client_id ON requests (client_id)")
@@ -162,7 +165,7 @@ _V3_COLUMNS = (
 )
 
 
-def _v4(conn: sqlite3.Connection) -> None:
+def _v4(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     # SQLite cannot add a primary key (or the integer key the events point to) in place: both
     # tables are rebuilt, requests first so that every event finds its key.
     conn.execute("ALTER TABLE requests RENAME TO requests_v3")
@@ -215,7 +218,7 @@ BUCKETED_INDEXES: dict[str, str] = {f"requests_{column}_bucket": column for colu
 """v6's indexes by bucket of arrival, `(rk >> search.BUCKET_BITS, column)`, partial like those above."""
 
 
-def _v6(conn: sqlite3.Connection) -> None:
+def _v6(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     conn.execute("DROP INDEX IF EXISTS requests_duration_ms")
     conn.execute("DROP INDEX IF EXISTS requests_ttfe_ms")
     for name, columns in PARTIAL_INDEXES.items():
@@ -230,18 +233,13 @@ def _v6(conn: sqlite3.Connection) -> None:
         )
 
 
-def _v7(conn: sqlite3.Connection) -> None:
+def _v7(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     conn.execute("ALTER TABLE requests ADD COLUMN cost_usd REAL")
-    rollups.create(conn, _progress)
+    rollups.create(conn, progress)
 
 
-def _v8(conn: sqlite3.Connection) -> None:
-    rollups.upgrade(conn, _progress)
-
-
-Progress = Callable[[int, int], None]
-"""Told (requests counted, requests to count) as a migration that counts requests goes on."""
-_progress: Progress | None = None  # set by `migrate` for the step it runs
+def _v8(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
+    rollups.upgrade(conn, progress)
 
 
 # v5: the search columns and the text index (`journal.search.migrate`).
@@ -321,15 +319,6 @@ def migrate(
     under a write lock before each step. `conn` must be in autocommit mode
     (`isolation_level=None`), as `connect` makes it.
     """
-    global _progress
-    _progress = progress
-    try:
-        return _migrate(conn, migrations)
-    finally:
-        _progress = None
-
-
-def _migrate(conn: sqlite3.Connection, migrations: list[Migration] | None) -> int:
     steps = MIGRATIONS if migrations is None else migrations
     while True:
         if schema_version(conn) >= len(steps):
@@ -338,7 +327,7 @@ def _migrate(conn: sqlite3.Connection, migrations: list[Migration] | None) -> in
         try:
             version = schema_version(conn)
             if version < len(steps):
-                steps[version](conn)
+                steps[version](conn, progress)
                 conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -96,7 +97,7 @@ _DELTA_KEYS = ("text", "thinking", "partial_json")
 _SSE_MARKERS = ('"content_block_start"', '"message_stop"', '"error"')
 
 
-def migrate(conn: sqlite3.Connection) -> None:
+def migrate(conn: sqlite3.Connection, progress: Callable[[int, int], None] | None = None) -> None:
     """The schema step: the columns, their indexes, the text table, filled in from the events
     of the requests already in the file (runs inside the transaction `schema.migrate` opens)."""
     for column in COLUMNS:

@@ -95,7 +95,7 @@ async def test_opening_twice_is_idempotent(tmp_path: Path) -> None:
 def test_migrations_apply_in_order_and_once(tmp_path: Path) -> None:
     calls: list[int] = []
 
-    def extra(conn: sqlite3.Connection) -> None:
+    def extra(conn: sqlite3.Connection, progress: schema.Progress | None = None) -> None:
         calls.append(1)
         conn.execute("CREATE TABLE extra (x INTEGER)")
 
@@ -110,7 +110,7 @@ def test_migrations_apply_in_order_and_once(tmp_path: Path) -> None:
 
 
 def test_a_failing_migration_leaves_the_version_alone(tmp_path: Path) -> None:
-    def broken(conn: sqlite3.Connection) -> None:
+    def broken(conn: sqlite3.Connection, progress: schema.Progress | None = None) -> None:
         conn.execute("CREATE TABLE half (x)")
         raise RuntimeError("boom")
 
