@@ -162,6 +162,8 @@ def _delete_oldest(conn: sqlite3.Connection, limit: int, before: float | None, p
         events = conn.execute(f"DELETE FROM events WHERE rk IN {chosen}", doomed).rowcount + held
         if search.has_index(conn):
             conn.execute(f"DELETE FROM {search.TABLE} WHERE rowid IN {chosen}", doomed)
+        if search.has_staging(conn):
+            conn.execute(f"DELETE FROM {search.STAGED_TABLE} WHERE rk IN {chosen}", doomed)
         if rollups.present(conn):  # the rollups describe the requests the file holds
             rollups.discount(conn, f"rk IN {chosen}", doomed)
         conn.execute(f"DELETE FROM requests WHERE rk IN {chosen}", doomed)

@@ -11,7 +11,9 @@ keep (below); version 7 adds `cost_usd` (`journal.prices`) and the rollups (`jou
 the tables, their triggers, the completed requests already in the file counted once, and the
 partial index of the requests in flight); version 8 keeps each rollup row's sketches as one value
 and folds the rollups once per transaction (`journal.rollups.upgrade`; a file that reaches v7 from
-an older one is given that shape by v7 already, so its requests are counted once). Add a migration
+an older one is given that shape by v7 already, so its requests are counted once); version 9
+adds the table where completed requests' texts wait for the text index (`journal.search.stage_text`:
+the writer indexes them, and folds the rollups, about once a second). Add a migration
 by appending a function; never edit one that has shipped.
 
 Request identity (v3): `requests.id` and `events.request_id` hold an id the gateway mints for
@@ -242,8 +244,9 @@ def _v8(conn: sqlite3.Connection, progress: Progress | None = None) -> None:
     rollups.upgrade(conn, progress)
 
 
-# v5: the search columns and the text index (`journal.search.migrate`).
-MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6, _v7, _v8]
+# v5: the search columns and the text index (`journal.search.migrate`);
+# v9: the staged texts (`journal.search.create_staging`).
+MIGRATIONS: list[Migration] = [_v1, _v2, _v3, _v4, search.migrate, _v6, _v7, _v8, search.create_staging]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 KEYED_VERSION = 4

@@ -60,6 +60,8 @@ FLAGS: tuple[str, ...] = ("hung_up", "cut_mid_stream")
 FIRST_WINS: tuple[str, ...] = ("trace_id", "user_id", "session_id", "key_fp", "thread_key", "turns")
 """Of those, the columns set from `received` (the first value written stays)."""
 TABLE = "request_text"
+STAGED_TABLE = "request_text_staged"
+"""Texts of completed requests not in `TABLE` yet (`stage_text`, `index_staged`)."""
 TEXT_LIMIT = 64 * 1024
 THREAD_KEY_CHARS = 1 << 20
 """The digest of a conversation's start takes each of its strings' first million characters:
@@ -417,11 +419,34 @@ def text_rows(finished: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def write_text(conn: sqlite3.Connection, rows: list[tuple[int, str]]) -> None:
-    """Index the text of the requests completed in this transaction: `(rowid, text)`, the
-    rowid of each one's summary row (already upserted in it). Given as values: FTS5 takes
-    an `INSERT … SELECT` four times slower than the same rows bound one by one."""
+    """Index `(rowid, text)` rows, the rowid of each one's summary row. Given as values: FTS5
+    takes an `INSERT … SELECT` four times slower than the same rows bound one by one."""
     if rows:
         conn.executemany(f"INSERT OR REPLACE INTO {TABLE} (rowid, body) VALUES (?, ?)", rows)
+
+
+def create_staging(conn: sqlite3.Connection, progress: Callable[[int, int], None] | None = None) -> None:
+    """The schema step (v9) that adds `STAGED_TABLE`."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {STAGED_TABLE} (rk INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+
+
+def stage_text(conn: sqlite3.Connection, rows: list[tuple[int, str]]) -> None:
+    """Keep the text of requests completed in this transaction for the next `index_staged`.
+
+    FTS5 writes a segment of its index per transaction that inserts into it (and merges them
+    later): a commit every few milliseconds that indexed its few requests paid that each time.
+    A plain table's row costs a fraction of it, and the text index takes a second's worth at once."""
+    if rows:
+        conn.executemany(f"INSERT OR REPLACE INTO {STAGED_TABLE} (rk, body) VALUES (?, ?)", rows)
+
+
+def index_staged(conn: sqlite3.Connection) -> int:
+    """Move the staged texts into the text index (in the caller's transaction); how many.
+    A text whose request was pruned meanwhile is dropped with it."""
+    rows = conn.execute(f"SELECT s.rk, s.body FROM {STAGED_TABLE} AS s JOIN requests AS r ON r.rk = s.rk").fetchall()
+    write_text(conn, rows)
+    conn.execute(f"DELETE FROM {STAGED_TABLE}")
+    return len(rows)
 
 
 def keyed(condition: str) -> str:
@@ -439,6 +464,12 @@ def has_index(conn: sqlite3.Connection) -> bool:
     return (
         conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone() is not None
     )
+
+
+def has_staging(conn: sqlite3.Connection) -> bool:
+    """Whether the file has `STAGED_TABLE` (schema v9 and later)."""
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (STAGED_TABLE,))
+    return found.fetchone() is not None
 
 
 def match_expression(text: str, *, prefix: bool) -> str | None:

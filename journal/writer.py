@@ -6,9 +6,16 @@ Serving code calls `append` for every event. That is a `put_nowait` on an in-mem
 them and the summary rows they touch in ONE transaction, commits, and goes back for more.
 A request's streaming events (`tokens`, `block`, `upstream`) that follow each other in one
 batch are packed into one compact row (`journal.packed`); every other event is a JSON row.
-The same transaction indexes the text of the requests that completed in the batch
-(`journal.search.write_text`, one statement per batch) and folds them into the rollups
-(`journal.rollups.fold`, a few grouped upserts per batch). Under load a batch grows with the
+The same transaction stages the text of the requests that completed in the batch
+(`journal.search.stage_text`), and the rollup triggers note them (`journal.rollups`). The
+derived indexes are brought up to date about once every `index_interval_s` (1 s), in the
+transaction of whichever batch is due then (or of an empty one, when none comes): the staged
+texts go into the text index (`journal.search.index_staged`) and the notes into the rollups
+(`journal.rollups.fold`). Both are per-transaction work whatever they hold (a text-index
+segment, the rollup rows' upserts): done every 10 ms, they had cost more than the events.
+Search and `stats` therefore see a completed request up to that interval late; `flush()` and
+`close()` bring them up to date, and what a crash leaves staged or noted is taken by the
+next writer's first commit. Under load a batch grows with the
 backlog, so the number of commits per second stays small however many events arrive; an
 idle writer waits `commit_interval_s` from the first event that arrives, so a short request's
 events share one commit, made after its answer rather than while it is being served.
@@ -105,6 +112,7 @@ STORED_AS_TEXT_BYTES = 1 << 20
 which every reader decodes the same way), not copied once more into a `str`."""
 
 _STOP = object()
+_INDEX = object()  # queued by the index timer: an idle writer brings the derived indexes up to date
 _MAX_INFLIGHT = 100_000  # summaries kept in memory for requests without `completed` yet
 # What SQLite refuses about one row, as opposed to the file (locked, full: OperationalError).
 _ROW_ERRORS = (
@@ -257,7 +265,7 @@ def _stored(payload: bytes) -> str | bytes:
 # (request id, seq, kind, t, data, events in the row): the text id becomes `rk` at commit time.
 _Rows = list[tuple[str, int, str, float, str | bytes, int]]
 _Params = list[tuple[Any, ...]]
-_Texts = list[tuple[str, str]]  # (text, request id): keyed for `journal.search.write_text` at commit
+_Texts = list[tuple[str, str]]  # (text, request id): keyed for `journal.search.stage_text` at commit
 
 
 class JournalWriter:
@@ -276,6 +284,7 @@ class JournalWriter:
         retry_interval_s: float = 1.0,
         busy_timeout_ms: int = 5000,
         commit_interval_s: float = 0.01,
+        index_interval_s: float = 1.0,
         recover: bool = False,
         drop_log_interval_s: float = 10.0,
         secret: bytes | None = None,
@@ -289,8 +298,10 @@ class JournalWriter:
         `retry_interval_s`; `busy_timeout_ms` is how long one commit waits for a lock. A commit
         starts at most every `commit_interval_s` (what arrives meanwhile joins it): fewer,
         larger transactions and longer packed runs, for that much more commit window.
-        `recover`: at start, close the requests a stopped writer left in flight as
-        `interrupted` (`journal.recovery`; one process of those sharing a file does it).
+        `index_interval_s`: how often the text index and the rollups take what the commits
+        since have staged and noted (0: in every commit). `recover`: at start, close the
+        requests a stopped writer left in flight as `interrupted` (`journal.recovery`; one
+        process of those sharing a file does it).
         `drop_log_interval_s`: while events are dropped, at most one log line per interval
         says how many were since the last one. `secret`: what the fingerprints of redacted
         secrets are keyed with (`journal.redact`; None: bare SHA-256). `prices`: the operator's
@@ -302,6 +313,12 @@ class JournalWriter:
         if commit_interval_s < 0:
             raise ValueError("commit_interval_s cannot be negative")
         self._commit_interval = commit_interval_s
+        if index_interval_s < 0:
+            raise ValueError("index_interval_s cannot be negative")
+        self._index_interval = index_interval_s
+        self._indexed_at: float | None = None  # when a commit last indexed (None: not yet)
+        self._unindexed = True  # a crashed writer may have left texts staged, notes unfolded
+        self._index_timer: asyncio.Handle | None = None
         if retention_interval_s <= 0 or retry_interval_s <= 0:
             raise ValueError("retention_interval_s and retry_interval_s must be positive")
         self.path = os.fspath(path)
@@ -381,6 +398,10 @@ class JournalWriter:
             self._thread.shutdown(wait=False)
             self._thread = None
             raise
+        try:  # what a stopped writer left staged or noted is indexed now, not at the first event
+            await self._in_thread(self._write, [], True)
+        except sqlite3.Error as exc:  # the first commit that can will
+            log.warning("journal: cannot bring the text index and rollups of %s up to date (%s)", self.path, exc)
         self._task = asyncio.create_task(self._run(), name=f"journal-writer:{self.path}")
         await self._close_orphans()
         if self._retention is not None:
@@ -465,11 +486,11 @@ class JournalWriter:
         self._queue.put_nowait(item)
         return True
 
-    async def _committing(self, events: list[tuple[str, int, Event]]) -> None:
+    async def _committing(self, events: list[tuple[str, int, Event]], index: bool) -> None:
         """`_write` in the writer thread. While it waits on a lock, the appends blocked on a
         full queue are let through every `_STALL_S` by moving the queue to the backlog."""
         assert self._thread is not None
-        commit = asyncio.get_running_loop().run_in_executor(self._thread, self._write, events)
+        commit = asyncio.get_running_loop().run_in_executor(self._thread, self._write, events, index)
         while not (await asyncio.wait({commit}, timeout=_STALL_S))[0]:
             if self._incident_since is None:  # not ready from now on (`problem`): say why in the log
                 self._begin_incident(f"a commit has waited over {_STALL_S:.0f}s for the file")
@@ -544,6 +565,9 @@ class JournalWriter:
                 if not task.done():
                     await self._queue.put(_STOP)
                 await asyncio.wait({task})
+            if self._index_timer is not None:
+                self._index_timer.cancel()
+                self._index_timer = None
             if self._pending_events:
                 log.error(
                     "journal: closing %s with %d events that could not be committed (%s); they are lost",
@@ -662,10 +686,13 @@ class JournalWriter:
                     break
             events: list[tuple[str, int, Event]] = []
             waiters: list[asyncio.Future[None]] = []
+            index = False
             while batch:
                 for item in batch:
                     if item is _STOP:
                         stopping = True  # drain what is left, then return
+                    elif item is _INDEX:
+                        index = True
                     elif isinstance(item, asyncio.Future):
                         waiters.append(item)
                     else:
@@ -675,10 +702,12 @@ class JournalWriter:
                     batch.append(backlog.popleft())
                 while stopping and not queue.empty():
                     batch.append(queue.get_nowait())
+            # What `flush()` and `close()` wait for includes the derived indexes.
+            index = index or stopping or bool(waiters)
             try:
-                if events or self._pending:
+                if events or self._pending or (index and self._unindexed):
                     self._writing = len(events)
-                    await self._committing(events)
+                    await self._committing(events, index)
             except Exception as exc:
                 self._failed(exc)
             else:
@@ -695,12 +724,24 @@ class JournalWriter:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+                if self._unindexed and self._index_timer is None and not stopping:
+                    self._index_timer = asyncio.get_running_loop().call_later(self._index_interval, self._index_due)
             if stopping:
                 if not self._pending or final_attempts >= _FINAL_ATTEMPTS:
                     return
                 final_attempts += 1  # closing while failing: a few more tries, then give up
             elif self._unclosed and self._incident_since is None and not backlog and queue.empty():
                 await self._close_dropped()
+
+    def _index_due(self) -> None:
+        """The index timer: wake an idle writer for the derived indexes (a busy one, with a full
+        queue, is committing anyway and indexes when its interval is up)."""
+        self._index_timer = None
+        if not self._closed:
+            try:
+                self._queue.put_nowait(_INDEX)
+            except asyncio.QueueFull:
+                pass
 
     async def _close_dropped(self) -> None:
         """Close the requests whose `completed` was dropped, now that everything appended
@@ -757,16 +798,19 @@ class JournalWriter:
         self._problem = None
         self._incident_since = None
 
-    def _write(self, events: list[tuple[str, int, Event]]) -> None:
+    def _write(self, events: list[tuple[str, int, Event]], index: bool = False) -> None:
         """One batch, in the writer thread: prepare it, then commit it with whatever earlier
-        batches failed to commit. Raises when the commit fails (the batches stay pending)."""
+        batches failed to commit, and with the derived indexes when `index` or when they are
+        due. Raises when the commit fails (the batches stay pending)."""
         prepared = self._prepare(events)
         if prepared is not None:
             self._pending.append(prepared)
             self._pending_events += _event_count(prepared[0])
             self._bound_pending()
         self._writing = 0
-        if not self._pending:
+        indexed_at = self._indexed_at
+        index = index or indexed_at is None or time.monotonic() - indexed_at >= self._index_interval
+        if not self._pending and not (index and self._unindexed):
             return
         rows = [row for batch_rows, _, _ in self._pending for row in batch_rows]
         requests = [params for _, batch_params, _ in self._pending for params in batch_params]
@@ -775,9 +819,13 @@ class JournalWriter:
         assert conn is not None
         started = self._commit_started = time.monotonic()
         try:
-            rows, keys = self._transaction(conn, rows, requests, texts)
+            rows, keys = self._transaction(conn, rows, requests, texts, index)
         finally:
             self._commit_started = None
+        if index:
+            self._indexed_at, self._unindexed = time.monotonic(), False
+        else:
+            self._unindexed = True
         committed = self._committed
         for params in requests:
             request_id = params[0]
@@ -793,7 +841,8 @@ class JournalWriter:
         self._pending_events = 0
         written = _event_count(rows)
         self._events_written += written
-        self._batches += 1
+        if written:  # not an empty commit that only brought the indexes up to date
+            self._batches += 1
         self._max_batch_seen = max(self._max_batch_seen, written)
 
     def _bound_pending(self) -> None:
@@ -909,12 +958,12 @@ class JournalWriter:
             self._close_run(rows, request_id, part)
 
     def _transaction(
-        self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts
+        self, conn: sqlite3.Connection, rows: _Rows, requests: _Params, texts: _Texts, index: bool
     ) -> tuple[_Rows, dict[str, int]]:
         """Upsert the summary rows (which gives each request its integer key), insert the
-        events under those keys, index the text of the requests that completed
-        (`journal.search`) and fold them into the rollups (`journal.rollups.fold`), in one
-        transaction; the rows written.
+        events under those keys, stage the text of the requests that completed
+        (`journal.search`) and, with `index`, bring the text index and the rollups up to date
+        (`journal.rollups.fold`), in one transaction; the rows written.
 
         `BEGIN IMMEDIATE` takes the write lock up front: with several gateway processes writing
         one file, a deferred transaction that upgrades from a read could fail at once instead
@@ -939,8 +988,10 @@ class JournalWriter:
                 for request_id in missing:  # only when a summary row was refused: never lose its events
                     keys[request_id] = self._key(conn, request_id)
                 conn.executemany(_INSERT_EVENT, [(keys[r[0]], *r[1:5]) for r in rows])
-                search.write_text(conn, self._keyed_texts(conn, texts, keys))
-                rollups.fold(conn)
+                search.stage_text(conn, self._keyed_texts(conn, texts, keys))
+                if index:
+                    search.index_staged(conn)
+                    rollups.fold(conn)
             except _ROW_ERRORS:
                 # Rare, so the slow row-by-row path is fine.
                 conn.execute("ROLLBACK")
@@ -959,8 +1010,10 @@ class JournalWriter:
                         log.error("journal: summary row %s dropped: %s", params[0], exc)
                 keys = known | upserted
                 rows = self._one_by_one(conn, rows, keys)
-                search.write_text(conn, self._keyed_texts(conn, texts, keys))
-                _fold_or_skip(conn)
+                search.stage_text(conn, self._keyed_texts(conn, texts, keys))
+                if index:
+                    search.index_staged(conn)
+                    _fold_or_skip(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -993,7 +1046,7 @@ class JournalWriter:
 
     @staticmethod
     def _keyed_texts(conn: sqlite3.Connection, texts: _Texts, keys: dict[str, int]) -> list[tuple[int, str]]:
-        """`(rowid, text)` for `journal.search.write_text`; a request without a key here (its
+        """`(rowid, text)` for `journal.search.stage_text`; a request without a key here (its
         summary row refused, its events too) is looked up, and left out when it has no row."""
         keyed = []
         for text, request_id in texts:

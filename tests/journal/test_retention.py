@@ -67,9 +67,7 @@ def ids(path: Path) -> list[str]:
 def orphan_events(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
-        return int(
-            conn.execute("SELECT count(*) FROM events WHERE rk NOT IN (SELECT rk FROM requests)").fetchone()[0]
-        )
+        return int(conn.execute("SELECT count(*) FROM events WHERE rk NOT IN (SELECT rk FROM requests)").fetchone()[0])
     finally:
         conn.close()
 

@@ -15,12 +15,12 @@ from journal.writer import JournalWriter
 def test_a_new_journal_has_every_table_and_index(tmp_path: Path) -> None:
     conn = schema.connect(tmp_path / "j.db")
     try:
-        assert schema.SCHEMA_VERSION == 8
+        assert schema.SCHEMA_VERSION == 9
         assert schema.schema_version(conn) == len(schema.MIGRATIONS)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental: prune shrinks the file
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"events", "requests", "request_text", "rollups", "rollup_pending"} <= tables
+        assert {"events", "requests", "request_text", "request_text_staged", "rollups", "rollup_pending"} <= tables
         assert "rollup_sketch" not in tables  # v7's, one row per bucket: v8 keeps one value per row
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert {

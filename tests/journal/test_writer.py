@@ -564,3 +564,115 @@ def test_a_run_is_put_together_in_one_copy() -> None:
         tracemalloc.stop()
     assert data.startswith(payload + b"\x00")
     assert peak < 1.5 * len(payload)
+
+
+async def _committed(writer: JournalWriter, events: int) -> None:
+    """Wait until `events` events are committed, without `flush()` (which indexes)."""
+    for _ in range(500):
+        if writer.stats["events_written"] >= events:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{writer.stats['events_written']} of {events} events committed")
+
+
+def _indexed(path: Path) -> tuple[int, int, int]:
+    """(texts in the text index, texts staged, requests counted in the rollups)."""
+    with sqlite3.connect(path) as conn:
+        texts = conn.execute("SELECT count(*) FROM request_text").fetchone()[0]
+        staged = conn.execute("SELECT count(*) FROM request_text_staged").fetchone()[0]
+        counted = conn.execute("SELECT coalesce(max(requests), 0) FROM rollups").fetchone()[0]
+    return texts, staged, counted
+
+
+async def test_the_text_index_and_rollups_follow_the_commits_within_the_index_interval(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, index_interval_s=0.5)
+    await writer.start()
+    try:
+        await writer.flush()  # the start's own indexing (nothing left by an earlier writer) is done
+        events = streaming_request()
+        for seq, event in enumerate(events):
+            await writer.append("req_1", seq, event)
+        await _committed(writer, len(events))
+        assert _indexed(path) == (0, 1, 0)  # committed and staged, not indexed yet
+        with JournalReader(path) as reader:
+            assert reader.get_request("req_1") is not None  # the events and summary are there at once
+        for _ in range(200):  # no further event comes: the idle writer's timer indexes
+            if _indexed(path) == (1, 0, 1):
+                break
+            await asyncio.sleep(0.01)
+        assert _indexed(path) == (1, 0, 1)
+        with JournalReader(path) as reader:
+            assert reader.count("zebra") == 0 and reader.count("unicode") == 1
+    finally:
+        await writer.close()
+
+
+async def test_flush_brings_the_text_index_and_rollups_up_to_date(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, index_interval_s=3600.0)
+    await writer.start()
+    try:
+        await writer.flush()
+        for seq, event in enumerate(streaming_request()):
+            await writer.append("req_1", seq, event)
+        await writer.flush()
+        assert _indexed(path) == (1, 0, 1)
+    finally:
+        await writer.close()
+
+
+async def test_what_a_crash_left_staged_is_indexed_by_the_next_writer(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    events = streaming_request()
+    first = JournalWriter(path, index_interval_s=3600.0)
+    await first.start()
+    await first.flush()
+    for seq, event in enumerate(events):
+        await first.append("req_1", seq, event)
+    await _committed(first, len(events))
+    # What a `kill -9` leaves: the file as committed, copied while the writer still has it open.
+    crashed = tmp_path / "crashed.db"
+    with sqlite3.connect(path) as source, sqlite3.connect(crashed) as target:
+        source.backup(target)
+    await first.close()
+    assert _indexed(crashed) == (0, 1, 0)
+    second = JournalWriter(crashed, index_interval_s=3600.0)
+    await second.start()
+    try:
+        for _ in range(200):  # its first commit (here the index timer's) takes them
+            if _indexed(crashed) == (1, 0, 1):
+                break
+            await asyncio.sleep(0.01)
+        assert _indexed(crashed) == (1, 0, 1)
+    finally:
+        await second.close()
+
+
+def test_the_index_interval_cannot_be_negative(tmp_path: Path) -> None:
+    try:
+        JournalWriter(tmp_path / "j.db", index_interval_s=-1.0)
+    except ValueError:
+        return
+    raise AssertionError("a negative index interval was taken")
+
+
+async def test_pruning_a_request_takes_its_staged_text_too(tmp_path: Path) -> None:
+    from journal.retention import prune
+
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, index_interval_s=3600.0)
+    await writer.start()
+    try:
+        events = streaming_request()
+        for seq, event in enumerate(events):
+            await writer.append("req_1", seq, event)
+        await _committed(writer, len(events))
+        assert _indexed(path)[1] == 1
+        result = prune(path, max_age_s=60.0, now=events[0].ts + 3600.0)  # type: ignore[attr-defined]
+        assert result.requests_deleted == 1
+        assert _indexed(path) == (0, 0, 0)
+        await writer.flush()  # nothing of it comes back into the index
+        assert _indexed(path) == (0, 0, 0)
+    finally:
+        await writer.close()

@@ -75,9 +75,7 @@ async def test_an_event_that_cannot_be_encoded_costs_only_itself(tmp_path: Path)
     await writer.start()
     bad_id = "abc\udcff"  # a non-UTF-8 header byte, as Sanic decodes it
     await writer.append("ok-1", 1, Received(method="POST", path="/v1/messages"))
-    await writer.append(
-        "bad", 1, Received(method="POST", path="/v1/messages\udcfe", headers={"x-request-id": bad_id})
-    )
+    await writer.append("bad", 1, Received(method="POST", path="/v1/messages\udcfe", headers={"x-request-id": bad_id}))
     await writer.append("bad", 2, Completed(status=401, duration_ms=1.0, usage={"output_tokens": 1 << 70}))
     await writer.append("ok-2", 1, Tokens(ids=[1, 2]))
     await writer.close()
