@@ -79,6 +79,35 @@ def _zigzag(value: int) -> int:
     return value << 1 if value >= 0 else ((-value) << 1) - 1
 
 
+def _token_ids(ids: list[Any]) -> bytes:
+    """The ids, each zigzagged (`--journal-bodies redacted` stores every id as -1) and as a
+    varint: `_varint(_zigzag(id))` unrolled for the one to three bytes a vocabulary's ids
+    take, the per-token path of a generation's journal."""
+    out: list[int] = []
+    add = out.append
+    for token in ids:
+        if type(token) is not int:
+            raise ValueError("not a packable token id")
+        z = token + token if token >= 0 else -token - token - 1
+        if z < 0x80:
+            add(z)
+        elif z < 0x4000:
+            add(z & 0x7F | 0x80)
+            add(z >> 7)
+        elif z < 0x200000:
+            add(z & 0x7F | 0x80)
+            add((z >> 7) & 0x7F | 0x80)
+            add(z >> 14)
+        else:
+            if not -_INT64 <= token < _INT64:
+                raise ValueError("not a packable token id")
+            while z > 0x7F:
+                add(z & 0x7F | 0x80)
+                z >>= 7
+            add(z)
+    return bytes(out)
+
+
 def _unzigzag(value: int) -> int:
     return value >> 1 if not value & 1 else -((value + 1) >> 1)
 
@@ -153,10 +182,7 @@ def pack(events: Sequence[Event], t0: float, encode: Callable[[Event], bytes]) -
             if flags:
                 body.append(flags)
             _varint(body, len(ids))
-            for token in ids:  # zigzagged: `--journal-bodies redacted` stores every id as -1
-                if type(token) is not int or not -_INT64 <= token < _INT64:
-                    raise ValueError("not a packable token id")
-                _varint(body, _zigzag(token))
+            body += _token_ids(ids)
             if flags & _F_PROMPT:
                 _varint(body, 0 if event.prompt_tokens is None else _uint(event.prompt_tokens) + 1)
             if flags & _F_COMPLETION:

@@ -63,11 +63,24 @@ def test_a_streamed_token_costs_a_few_bytes() -> None:
     assert len(alone) <= 20
 
 
+def test_token_ids_at_every_varint_width_come_back() -> None:
+    # Each side of the one-, two-, three- and more-byte encodings, zigzagged, and the int64 ends.
+    edges = [0, 63, 64, 8191, 8192, 1048575, 1048576, 2**40, 2**63 - 1]
+    ids = [*edges, *(-1 - e for e in edges), True - 1]
+    out = round_trip([Tokens(ids=ids, prompt_tokens=1, completion_tokens=len(ids))])
+    assert out[0][3]["ids"] == ids
+    assert packed.pack([Tokens(ids=[7] * 300)], 0.0, encode).count(bytes([14])) == 300
+
+
 @pytest.mark.parametrize(
     "event",
     [
         Block(ev.text_delta(0, "lone \udcff surrogate")),
         Tokens(ids=[1 << 64]),
+        Tokens(ids=[1 << 63]),
+        Tokens(ids=[-(1 << 63) - 1]),
+        Tokens(ids=[1, True]),
+        Tokens(ids=[1.0]),  # type: ignore[list-item]
         Tokens(ids=[1], matched_stop=1.5),  # type: ignore[arg-type]
     ],
 )
