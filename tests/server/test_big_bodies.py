@@ -106,4 +106,7 @@ def test_a_big_relayed_body_is_journaled_as_received_and_found(relay: Spawned, t
         (_, received), *_ = reader.events(request_id)
         assert isinstance(received, Received) and received.body is not None and received.body.encode() == body
         assert row["user_id"] == "u-big" and row["turns"] == 3
+        while reader.count("zebra") == 0:  # the text index takes a completed request within a second
+            assert time.monotonic() < deadline, "the request's text was not indexed"
+            time.sleep(0.1)
         assert reader.count("zebra") == 1 and reader.count("echo") == 1  # the last turn's text, the answer's
