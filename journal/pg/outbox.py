@@ -173,6 +173,8 @@ class Batch:
 _REQUESTS = f"SELECT rk, {', '.join(schema.REQUEST_COLUMNS)} FROM requests WHERE rk IN {_CHOSEN}"
 _EVENTS = f"SELECT rk, seq, kind, t, data FROM events WHERE rk IN {_CHOSEN} ORDER BY rk, seq"
 _TEXTS = f"SELECT rowid, body FROM {search.TABLE} WHERE rowid IN {_CHOSEN}"
+# A request completed within the writer's index interval has its text staged, not indexed yet.
+_STAGED_TEXTS = f"SELECT rk, body FROM {search.STAGED_TABLE} WHERE rk IN {_CHOSEN}"
 _QUEUED = f"SELECT rk, queued FROM {TABLE} WHERE rk IN {_CHOSEN}"
 
 
@@ -185,6 +187,8 @@ def read(conn: sqlite3.Connection, keys: list[int]) -> Batch:
         requests = conn.execute(_REQUESTS, chosen).fetchall()
         events = conn.execute(_EVENTS, chosen).fetchall()
         texts = conn.execute(_TEXTS, chosen).fetchall() if search.has_index(conn) else []
+        if search.has_staging(conn):
+            texts += conn.execute(_STAGED_TEXTS, chosen).fetchall()
         queued = conn.execute(_QUEUED, chosen).fetchall()
     finally:
         conn.execute("COMMIT")

@@ -67,11 +67,11 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                     out["plain"].append(_turn(http, gateway.url, plain, text, {"x-api-key": "sk-ant-other"}))
             for request_id in out["session"] + out["plain"]:
                 wait_for_events(path, request_id)
-            yield out
         finally:
-            gateway.stop()
+            gateway.stop()  # its writer's last commit brings the text index and rollups up to date
     finally:
         worker.stop()
+    yield out
 
 
 def _cli(*args: str) -> Any:

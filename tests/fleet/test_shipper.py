@@ -3,6 +3,7 @@ survives re-sending and an outage, and local retention keeps what has not shippe
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from datetime import date
@@ -344,3 +345,35 @@ async def test_a_large_body_stored_as_bytes_ships_byte_for_byte(
     assert fleet[1] == local[1] and fleet[0] == local[0]
     (_, kind, _, data), _ = fleet[1]["big"]
     assert kind == "received" and orjson.loads(data)["body"] == body
+
+
+async def test_a_request_shipped_before_its_text_is_indexed_ships_its_text(
+    tmp_path: Path, sink: str, started: list[Shipper]
+) -> None:
+    # The writer indexes texts about once a second: a request can complete and ship in between.
+    path = tmp_path / "j.db"
+    writer = JournalWriter(path, index_interval_s=3600.0)
+    await writer.start()
+    try:
+        traffic = list(requests(Traffic(20)))
+        for request_id, events in traffic:
+            for seq, event in enumerate(events, 1):
+                await writer.append(request_id, seq, event)
+        total = sum(len(events) for _, events in traffic)
+        for _ in range(1000):  # committed (not `flush()`ed: that would index)
+            if writer.stats["events_written"] >= total:
+                break
+            await asyncio.sleep(0.01)
+        with sqlite3.connect(path) as conn:
+            staged = conn.execute("SELECT count(*) FROM request_text_staged").fetchone()[0]
+            completed = conn.execute("SELECT count(*) FROM requests WHERE completed = 1").fetchone()[0]
+        assert staged > 0 and not _local(path)[2]  # committed, none indexed yet
+        shipper = _start(started, path, sink, "web-1")
+        until(
+            lambda: shipper.stats["requests_shipped"] >= completed and shipper.stats["unshipped"] == 0,
+            what="shipping",
+        )
+    finally:
+        await writer.close()  # indexes what was staged
+    local, fleet = _local(path), _fleet(sink, "web-1")
+    assert len(local[2]) == staged and fleet[2] == local[2]
