@@ -44,7 +44,7 @@ class Deployment:
             config=config,
             kinds={worker_kind(u) for u in config.worker_urls},
             legs={worker_kind(u) for u in legs},
-            tokenizers=TokenizerRegistry(autoload=config.tokenizer_autoload),
+            tokenizers=TokenizerRegistry(autoload=config.tokenizer_autoload, cache=config.engine.tokenizer_cache()),
         )
 
     @property

@@ -66,7 +66,9 @@ class EngineConnector:
         sends_images: Callable[[ImageProcessor], bool] | None = None,
     ) -> None:
         self.name = name
-        self.tokenizers = tokenizers or TokenizerRegistry(autoload=config.tokenizer_autoload)
+        self.tokenizers = tokenizers or TokenizerRegistry(
+            autoload=config.tokenizer_autoload, cache=config.engine.tokenizer_cache()
+        )
         self.workers = EngineWorkers(config, self.tokenizers, clients, live_loads=live_loads)
         self.front = Front(config, self.workers, name, image_runtimes=image_runtimes, sends_images=sends_images)
         self.calls = EngineCalls()

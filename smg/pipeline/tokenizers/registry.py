@@ -73,10 +73,19 @@ class TokenizerEntry:
 class TokenizerRegistry:
     """Every tokenizer the gateway holds or is loading, and the last failure per name."""
 
-    def __init__(self, *, autoload: bool = True, bundle_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        autoload: bool = True,
+        bundle_dir: str | None = None,
+        cache: tuple[int | None, int | None] = (None, None),
+    ) -> None:
         """`bundle_dir`: where tokenizers fetched from workers are kept, by content hash, so a
-        journaled request's tokenizer is still there to replay it (default: the user cache)."""
+        journaled request's tokenizer is still there to replay it (default: the user cache).
+        `cache`: every loaded tokenizer's encode caches, `(L0 entries, L1 bytes)` (None: off;
+        `smg.pipeline.tokenizers.cache`)."""
         self.autoload = autoload
+        self._cache = cache
         self._entries: dict[str, TokenizerEntry] = {}  # by id
         self._by_name: dict[str, str] = {}  # name → id
         self._failures: dict[str, str] = {}  # name → why no tokenizer will load on its own
@@ -197,11 +206,16 @@ class TokenizerRegistry:
         if self._by_name.get(entry.name) == entry.id:
             del self._by_name[entry.name]
 
+    def _loaded(self, source: str, template: Path | None) -> Tokenizer:
+        tokenizer = Tokenizer.load(source, template)
+        tokenizer.enable_cache(*self._cache)  # its boundary probe tokenizes: on this thread too
+        return tokenizer
+
     async def _load(self, entry: TokenizerEntry) -> None:
         entry.status = PROCESSING
         try:
             template = Path(entry.chat_template) if entry.chat_template else None
-            entry.tokenizer = await asyncio.to_thread(Tokenizer.load, entry.source, template)
+            entry.tokenizer = await asyncio.to_thread(self._loaded, entry.source, template)
         except asyncio.CancelledError:
             entry.status, entry.error = FAILED, "cancelled"
             raise

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import jinja2
 from jinja2 import meta, nodes
 
+from smg.pipeline.tokenizers.cache import EncodeCache, safe_boundaries
+
 # The gateway only tokenizes: transformers' advice that PyTorch is missing is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
@@ -99,6 +101,7 @@ class Tokenizer:
         self.vocab_size: int = (
             int(self._backend.get_vocab_size(with_added_tokens=False)) if self._backend is not None else len(hf)
         )
+        self.encode_cache: EncodeCache | None = None
         self._ast = _parse(self.chat_template)
         self.thinking_toggle: str | None = _thinking_toggle(self.chat_template, self._ast)
         self.thinking_default: bool | None = self._probe_thinking_default()
@@ -134,8 +137,28 @@ class Tokenizer:
 
     # --- text ↔ ids ---------------------------------------------------------------------------
 
+    def enable_cache(self, l0_max_entries: int | None, l1_max_bytes: int | None) -> EncodeCache | None:
+        """Serve `encode` from an L0 and/or L1 cache (`smg.pipeline.tokenizers.cache`; None or
+        0 leaves that level off); the cache, or None when both are off."""
+        if not (l0_max_entries and l0_max_entries > 0) and not (l1_max_bytes and l1_max_bytes > 0):
+            self.encode_cache = None
+            return None
+        added = [(token.content, int(i)) for i, token in self._hf.added_tokens_decoder.items()]
+        special = [(token.content, int(i)) for i, token in self._hf.added_tokens_decoder.items() if token.special]
+        boundaries = safe_boundaries(self._encode, special) if l1_max_bytes and l1_max_bytes > 0 else {}
+        self.encode_cache = EncodeCache(
+            self._encode, l0_max_entries=l0_max_entries, l1_max_bytes=l1_max_bytes, added=added, boundaries=boundaries
+        )
+        return self.encode_cache
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` with no special tokens added: the chat template writes BOS etc."""
+        cache = self.encode_cache
+        if cache is not None:
+            return cache.encode(text)
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
         if self._backend is None:
             return list(self._hf.encode(text, add_special_tokens=False))
         if len(text) >= LONG_TEXT_CHARS:
