@@ -11,14 +11,16 @@ of the duration, the time to the first event and the output rate) as one value p
 range and breakdown reads and adds rows, never requests, and a row's cost does not grow with
 the spread of its latencies.
 
-Counting happens once per transaction, grouped (`fold`): the writer folds at the end of each
-batch's transaction (`journal.writer`), prune before it deletes. What to fold is noted by
+Counting happens in batches, grouped (`fold`): the writer folds about once a second, at the end
+of whichever batch's transaction is due (`journal.writer`), prune before it deletes. What to
+fold is noted by
 small SQL triggers on `requests`, one plain insert into `rollup_pending` each: the values of a
 row that becomes `completed` (sign 1), and, for the rare completed row that changes afterwards
 (a request closed as interrupted and then completed, a late event, a price set later), its
 old values (sign -1) and its new ones. `fold` adds the noted rows into the rollups by group (a
-few upserts per batch, not a dozen per request) and empties the table, in the same
-transaction; so whoever writes `requests` (a tool, a test) calls `fold` before committing.
+few upserts for all the notes, not a dozen per request) and empties the table, in the same
+transaction; notes not folded yet stay in the table, committed, for the next fold. Whoever
+reads the rollups right after writing `requests` (a tool, a test) calls `fold` first.
 Requests in flight are not in the rollups: a query reads them from the summary table through
 the partial index `requests_in_flight`, which holds only them.
 

@@ -24,12 +24,13 @@ Two parts, both kept by the writer in the transaction that writes a request's su
   tool input deltas, relayed bodies and SSE) and error messages, at most `TEXT_LIMIT`
   characters. Only the last message is indexed because a conversation resends its history on
   every turn: the text of an earlier turn is found in the request that added it (and
-  `smg journal thread` walks the rest). A request is indexed when its `completed` event is
-  written; one still in flight is not found by text yet.
+  `smg journal thread` walks the rest). A request's text is staged (`stage_text`) when its
+  `completed` event is written and indexed with the others staged about once a second
+  (`index_staged`, by the writer); one still in flight is not found by text yet.
 
-`fold` is called for every event by `journal.summary.apply`, `text_rows` once per writer batch
-and `write_text` once per transaction. `migrate` is the schema step that adds all of this and
-fills it in for the requests already in the file.
+`fold` is called for every event by `journal.summary.apply`, `text_rows` once per writer batch,
+`stage_text` once per transaction and `index_staged` when the writer indexes. `migrate` is the
+schema step that adds all of this and fills it in for the requests already in the file.
 """
 
 from __future__ import annotations
