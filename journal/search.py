@@ -1,6 +1,7 @@
 """The journal's search index: the fields operators filter on, and a full-text index.
 
-Two parts, both kept by the writer in the transaction that writes a request's summary row:
+Two parts, kept by the writer: the columns in the transaction that writes a request's summary
+row, the text a little later (below):
 
 * Columns of `requests` (`COLUMNS`), derived from what every request already journals, so
   they fill whatever the gateway adds later: `trace_id` (the `received` event's own, the
@@ -462,15 +463,16 @@ def keyed(condition: str) -> str:
 
 def has_index(conn: sqlite3.Connection) -> bool:
     """Whether the file has the text index (a file written before it was added has not)."""
-    return (
-        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone() is not None
-    )
+    return _has_table(conn, TABLE)
 
 
 def has_staging(conn: sqlite3.Connection) -> bool:
     """Whether the file has `STAGED_TABLE` (schema v9 and later)."""
-    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (STAGED_TABLE,))
-    return found.fetchone() is not None
+    return _has_table(conn, STAGED_TABLE)
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 def match_expression(text: str, *, prefix: bool) -> str | None:

@@ -47,21 +47,32 @@ class Pool:
     control: EngineControl
 
 
-@pytest.fixture(scope="module", params=["sglang", "vllm"])
-def pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    runtime = str(request.param)
-    journal = tmp_path_factory.mktemp(f"images-{runtime}") / "journal.db"
+def reference_processor() -> Any:
+    """transformers' processor for the fixture's preprocessor config: what the engine must get."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12544, patch_size=14, merge_size=2)
+
+
+def spawn_pool(runtime: str, journal: Path, extra: tuple[str, ...] = ()) -> Iterator[Pool]:
+    """A scripted `runtime` engine serving the Qwen2-VL fixture and a gateway in front of it."""
     engine = spawn_engine(runtime, model_path=QWEN2VL, extra=["--served-model-name", MODEL])
     gateway: Spawned | None = None
     control = EngineControl(target_of(engine.url))
     try:
-        gateway = spawn_gateway([engine.url], journal=journal, extra=["--model-path", str(QWEN2VL)])
+        gateway = spawn_gateway([engine.url], journal=journal, extra=["--model-path", str(QWEN2VL), *extra])
         yield Pool(runtime, gateway, journal, control)
     finally:
         if gateway is not None:
             gateway.stop()
         control.close()
         engine.stop()
+
+
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    runtime = str(request.param)
+    yield from spawn_pool(runtime, tmp_path_factory.mktemp(f"images-{runtime}") / "journal.db")
 
 
 def image_block(data: bytes) -> dict[str, Any]:
@@ -95,8 +106,6 @@ def runs(ids: list[int]) -> list[tuple[int, int]]:
 
 
 def test_images_reach_the_engine_preprocessed_with_their_placeholders(pool: Pool) -> None:
-    from transformers import Qwen2VLImageProcessorPil
-
     pool.control.reset()
     pool.control.script({"text": "Two pictures."})
     reply = httpx.post(pool.gateway.url + "/v1/messages", json=body(), timeout=30.0)
@@ -105,7 +114,7 @@ def test_images_reach_the_engine_preprocessed_with_their_placeholders(pool: Pool
     (received,) = pool.control.received()
     ids = [int(t) for t in received["tokenized"]["input_ids"]]
     mm = received["mm_inputs"]
-    reference = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12544, patch_size=14, merge_size=2)(
+    reference = reference_processor()(
         images=[Image.open(io.BytesIO(WIDE)), Image.open(io.BytesIO(TALL))], return_tensors="np"
     )
     grids = reference["image_grid_thw"]

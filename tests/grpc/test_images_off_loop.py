@@ -6,12 +6,9 @@ thread the request is built on."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from types import FrameType
-from typing import Any
 
 import pytest
 
@@ -21,6 +18,7 @@ from smg.pipeline.media import MediaItem
 from smg.pipeline.vision import expand, processor_for
 from tests.grpc.conftest import target_of
 from tests.grpc.test_images import QWEN2VL, TALL
+from tests.threads import threads_calling
 from tools.engine_control import EngineControl
 from tools.spawn import Spawned, spawn_engine
 
@@ -42,12 +40,6 @@ async def test_a_request_with_images_is_built_off_the_event_loop(engine: tuple[s
     control = EngineControl(target_of(spawned.url))
     # Threads started from here on carry the hook (threading.setprofile reaches new threads only).
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
-    built_on: set[int] = set()
-
-    def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is cls.generate_request.__code__:
-            built_on.add(threading.get_ident())
-
     try:
         control.script({"text": "ok"})
         processor = processor_for(QWEN2VL)
@@ -58,13 +50,8 @@ async def test_a_request_with_images_is_built_off_the_event_loop(engine: tuple[s
             call.image_data = [TALL]
         else:
             call.images = images
-        threading.setprofile(hook)
-        sys.setprofile(hook)
-        try:
+        with threads_calling(cls.generate_request.__code__) as built_on:
             events = [event async for event in client.generate(call)]
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
         assert isinstance(events[-1], EngineDone)
         assert len(control.received()) == 1
         assert built_on, "generate_request never ran"

@@ -8,8 +8,6 @@ import hashlib
 import io
 from base64 import b64decode
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,39 +16,16 @@ from PIL import Image
 
 from replay.offline import check
 from tests.conftest import wait_for_events
-from tests.grpc.conftest import target_of
-from tests.grpc.test_images import IMAGE_TOKEN, MODEL, QWEN2VL, TALL, WIDE, body, runs
+from tests.grpc.test_images import IMAGE_TOKEN, TALL, WIDE, Pool, body, reference_processor, runs, spawn_pool
 from tests.grpc.test_pd import sse_events
-from tools.engine_control import EngineControl
-from tools.spawn import Spawned, spawn_engine, spawn_gateway
-
-
-@dataclass
-class Pool:
-    gateway: Spawned
-    journal: Path
-    control: EngineControl
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    journal = tmp_path_factory.mktemp("images-tokenspeed") / "journal.db"
-    engine = spawn_engine("tokenspeed", model_path=QWEN2VL, extra=["--served-model-name", MODEL])
-    gateway: Spawned | None = None
-    control = EngineControl(target_of(engine.url))
-    try:
-        gateway = spawn_gateway([engine.url], journal=journal, extra=["--model-path", str(QWEN2VL)])
-        yield Pool(gateway, journal, control)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        control.close()
-        engine.stop()
+    yield from spawn_pool("tokenspeed", tmp_path_factory.mktemp("images-tokenspeed") / "journal.db")
 
 
 def test_each_image_reaches_the_engine_as_an_item_with_its_pixels(pool: Pool) -> None:
-    from transformers import Qwen2VLImageProcessorPil
-
     pool.control.reset()
     pool.control.script({"text": "Two pictures."})
     reply = httpx.post(pool.gateway.url + "/v1/messages", json=body(), timeout=30.0)
@@ -59,7 +34,7 @@ def test_each_image_reaches_the_engine_as_an_item_with_its_pixels(pool: Pool) ->
     (received,) = pool.control.received()
     ids = [int(t) for t in received["tokenized"]["input_ids"]]
     items = received["mm_inputs"]["items"]
-    processor = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12544, patch_size=14, merge_size=2)
+    processor = reference_processor()
     placeholders = []
     for item, data in zip(items, (WIDE, TALL), strict=True):
         reference = processor(images=[Image.open(io.BytesIO(data))], return_tensors="np")

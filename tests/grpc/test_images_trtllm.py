@@ -7,8 +7,6 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,19 +15,11 @@ from PIL import Image
 
 from replay.offline import check
 from tests.conftest import wait_for_events
-from tests.grpc.conftest import target_of
-from tests.grpc.test_images import MODEL, QWEN2VL, TALL, WIDE, body, image_block, runs
+from tests.grpc.test_images import TALL, WIDE, Pool, body, image_block, reference_processor, runs, spawn_pool
 from tests.grpc.test_pd import sse_events
-from tools.engine_control import EngineControl
 from tools.origin import Origin
-from tools.spawn import Spawned, spawn_engine, spawn_gateway
 
-
-@dataclass
-class Pool:
-    gateway: Spawned
-    journal: Path
-    control: EngineControl
+MEDIA_FLAGS = ("--fetch-allow", "127.0.0.1/32", "--media-fetch-timeout-secs", "5")
 
 
 @pytest.fixture(scope="module")
@@ -48,29 +38,14 @@ def elsewhere() -> Iterator[Origin]:
         yield served
 
 
-def spawn_pool(runtime: str, journal: Path) -> Iterator[Pool]:
-    engine = spawn_engine(runtime, model_path=QWEN2VL, extra=["--served-model-name", MODEL])
-    gateway: Spawned | None = None
-    control = EngineControl(target_of(engine.url))
-    try:
-        extra = ["--model-path", str(QWEN2VL), "--fetch-allow", "127.0.0.1/32", "--media-fetch-timeout-secs", "5"]
-        gateway = spawn_gateway([engine.url], journal=journal, extra=extra)
-        yield Pool(gateway, journal, control)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        control.close()
-        engine.stop()
-
-
 @pytest.fixture(scope="module")
 def trtllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    yield from spawn_pool("trtllm", tmp_path_factory.mktemp("images-trtllm") / "journal.db")
+    yield from spawn_pool("trtllm", tmp_path_factory.mktemp("images-trtllm") / "journal.db", MEDIA_FLAGS)
 
 
 @pytest.fixture(scope="module")
 def mlx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    yield from spawn_pool("mlx", tmp_path_factory.mktemp("images-mlx") / "journal.db")
+    yield from spawn_pool("mlx", tmp_path_factory.mktemp("images-mlx") / "journal.db", MEDIA_FLAGS)
 
 
 def url_block(url: str) -> dict[str, Any]:
@@ -86,8 +61,6 @@ def image_data(received: dict[str, Any]) -> list[bytes]:
 
 
 def test_the_images_own_bytes_reach_trtllm_with_the_expanded_placeholders(trtllm: Pool) -> None:
-    from transformers import Qwen2VLImageProcessorPil
-
     trtllm.control.reset()
     trtllm.control.script({"text": "Two pictures."})
     reply = httpx.post(trtllm.gateway.url + "/v1/messages", json=body(), timeout=30.0)
@@ -96,7 +69,7 @@ def test_the_images_own_bytes_reach_trtllm_with_the_expanded_placeholders(trtllm
     (received,) = trtllm.control.received()
     assert image_data(received) == [WIDE, TALL]
     ids = [int(t) for t in received["tokenized"]["input_token_ids"]]
-    reference = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12544, patch_size=14, merge_size=2)(
+    reference = reference_processor()(
         images=[Image.open(io.BytesIO(WIDE)), Image.open(io.BytesIO(TALL))], return_tensors="np"
     )
     assert [n for _, n in runs(ids)] == [int(g.prod()) // 4 for g in reference["image_grid_thw"]]

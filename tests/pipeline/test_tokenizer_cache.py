@@ -6,9 +6,7 @@ reference's flags counts what one without them counts."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +16,7 @@ from smg.pipeline.render import render_prompt
 from smg.pipeline.tokenizers.cache import MIN_CHARS, safe_boundaries
 from smg.pipeline.tokenizers.tokenizer import Tokenizer
 from smg.protocol.parse import parse_create_message
+from tools.bench.tokenizer_cache import conversation
 from tools.spawn import spawn_engine, spawn_gateway
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -35,19 +34,8 @@ TOOLS = [
 ]
 
 
-def _conversation(turns: int, seed: int) -> list[list[dict[str, Any]]]:
-    """The message lists of a conversation's first `turns` requests: each the last one's, its
-    answer and one more user turn (odd whitespace, accents and other scripts in them)."""
-    rng = random.Random(seed)
-    words = ["alpha", "béta", "γάμμα", "\n", "  ", "x", "\t", "日本語", "!!"]
-    messages: list[dict[str, Any]] = []
-    out = []
-    for turn in range(turns):
-        messages.append({"role": "user", "content": f"turn {turn}: " + " ".join(rng.choice(words) for _ in range(40))})
-        out.append(list(messages))
-        answer = f" answer {turn}\n\n" + " ".join(rng.choice(words) for _ in range(20))
-        messages.append({"role": "assistant", "content": answer})
-    return out
+# Odd whitespace, accents and other scripts in every turn.
+WORDS = ("alpha", "béta", "γάμμα", "\n", "  ", "x", "\t", "日本語", "!!")
 
 
 @pytest.mark.parametrize("fixture", ["qwen3", "llama3", "mistral", "deepseek"])
@@ -56,7 +44,7 @@ def test_cached_ids_are_the_tokenizers_own_turn_after_turn(fixture: str) -> None
     cached = Tokenizer.load(FIXTURES / fixture)
     cache = cached.enable_cache(1000, 8 << 20)
     assert cache is not None
-    for messages in _conversation(8, seed=len(fixture)):
+    for messages in conversation(8, len(fixture), WORDS):
         body = {"model": "m", "max_tokens": 16, "system": "Be brief.\n" * 40, "messages": messages, "tools": TOOLS}
         request = parse_create_message(body)
         assert render_prompt(cached, request).ids == render_prompt(plain, request).ids
@@ -123,7 +111,7 @@ def test_a_gateway_with_the_caches_counts_what_one_without_them_counts() -> None
             spawn_gateway([engine.url], extra=["--model-path", str(FIXTURES / "qwen3"), *flags]) as cached,
             spawn_gateway([engine.url], extra=["--model-path", str(FIXTURES / "qwen3")]) as plain,
         ):
-            for messages in _conversation(4, seed=7):
+            for messages in conversation(4, 7, WORDS):
                 body = {"model": "qwen3", "system": "Be brief.\n" * 40, "messages": messages, "tools": TOOLS}
                 counts = [
                     httpx.post(f"{gateway.url}/v1/messages/count_tokens", json=body, timeout=30).json()

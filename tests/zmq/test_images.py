@@ -31,16 +31,16 @@ BF16_RTOL = 2.0**-8  # the scripted engine says its dtype is bfloat16: pixels ar
 
 
 def deploy(
-    directory: Path, journal: Path, runtime: str, env: dict[str, str] | None = None
+    directory: Path, journal: Path, runtime: str, env: dict[str, str] | None = None, model: Path = QWEN2VL
 ) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
     path = directory / "w0"
     gateway = spawn_gateway(
         [f"ipc://{path}"], journal=journal, env=env,
-        extra=["--backend", runtime, "--model-path", str(QWEN2VL), "--model-alias", f"vl-fixture={QWEN2VL}"],
+        extra=["--backend", runtime, "--model-path", str(model), "--model-alias", f"vl-fixture={model}"],
     )
     engine = None
     try:
-        engine = spawn_zmq_engine(path, QWEN2VL, ["--runtime", runtime])
+        engine = spawn_zmq_engine(path, model, ["--runtime", runtime])
         control = EngineControl(target_of(engine.url))
         with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
             wait_ready(client)
@@ -296,27 +296,6 @@ def family_dir(root: Path, model_type: str, family: Family | None = None) -> Pat
     return root
 
 
-def deploy_family(directory: Path, model: Path, journal: Path) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
-    path = directory / "w0"
-    gateway = spawn_gateway(
-        [f"ipc://{path}"], journal=journal,
-        extra=["--backend", "vllm", "--model-path", str(model), "--model-alias", f"vl-fixture={model}"],
-    )
-    engine = None
-    try:
-        engine = spawn_zmq_engine(path, model, ["--runtime", "vllm"])
-        control = EngineControl(target_of(engine.url))
-        with httpx.Client(base_url=gateway.url, timeout=30.0) as client:
-            wait_ready(client)
-            yield client, control, journal
-        control.close()
-    finally:
-        if engine is not None:
-            engine.stop()
-        gateway.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -324,7 +303,7 @@ def family(
     name = str(request.param)
     model = family_dir(tmp_path_factory.mktemp(f"model-{name}"), name, FAMILIES[name])
     journal = tmp_path_factory.mktemp(f"zmq-{name}") / "journal.db"
-    for deployed in deploy_family(socket_dir(), model, journal):
+    for deployed in deploy(socket_dir(), journal, "vllm", model=model):
         yield (name, model, *deployed)
 
 
@@ -387,7 +366,7 @@ def test_each_family_reaches_the_engine_in_its_vllm_layout(
 @pytest.fixture(scope="module")
 def phi4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, EngineControl, Path]]:
     model = family_dir(tmp_path_factory.mktemp("model-phi4mm"), "phi4mm")
-    yield from deploy_family(socket_dir(), model, tmp_path_factory.mktemp("zmq-phi4") / "journal.db")
+    yield from deploy(socket_dir(), tmp_path_factory.mktemp("zmq-phi4") / "journal.db", "vllm", model=model)
 
 
 def test_a_family_not_laid_out_keeps_its_refusal(phi4: tuple[httpx.Client, EngineControl, Path]) -> None:

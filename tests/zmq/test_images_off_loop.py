@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from types import FrameType
-from typing import Any
 
 from smg.backends.grpc.types import EngineDone, GenerateCall
 from smg.backends.zmq import features
@@ -20,6 +17,7 @@ from smg.backends.zmq.client import ZmqEngineClient
 from smg.pipeline.media import MediaItem
 from smg.pipeline.vision import expand, processor_for
 from tests.grpc.test_images import TALL
+from tests.threads import threads_calling
 from tests.zmq.conftest import FIXTURES, socket_dir, target_of
 from tools.engine_control import EngineControl
 from tools.spawn import spawn_zmq_engine
@@ -44,25 +42,14 @@ async def test_a_requests_images_are_encoded_off_the_event_loop() -> None:
     client = ZmqEngineClient(f"ipc://{path}", model_id=str(QWEN2VL))
     # Threads started from here on carry the hook (threading.setprofile reaches new threads only).
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
-    encoded_on: set[int] = set()
-
-    def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is features.mm_features.__code__:
-            encoded_on.add(threading.get_ident())
-
     try:
         await _serving(client)
         control.script({"text": "ok"})
         processor = processor_for(QWEN2VL)
         ids, images = expand([1, processor.placeholder_token_id, 2], processor, [MediaItem(TALL, "image/png")])
         call = GenerateCall(request_id="off-loop-1", input_ids=ids, max_tokens=4, images=images)
-        threading.setprofile(hook)
-        sys.setprofile(hook)
-        try:
+        with threads_calling(features.mm_features.__code__) as encoded_on:
             events = [event async for event in client.generate(call)]
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
         assert isinstance(events[-1], EngineDone)
         (received,) = control.received()
         assert len(received["mm_features"]) == 1  # the engine decoded the image

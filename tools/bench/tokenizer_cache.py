@@ -17,6 +17,7 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -44,10 +45,13 @@ def tools(count: int) -> list[dict[str, Any]]:
     ]
 
 
-def conversation(turns: int, seed: int) -> list[list[dict[str, Any]]]:
-    """The message lists of one conversation's requests, turn by turn."""
+WORDS = ("alpha", "beta", "gamma", "file.py", "\n", "fix", "the", "test")
+
+
+def conversation(turns: int, seed: int, words: Sequence[str] = WORDS) -> list[list[dict[str, Any]]]:
+    """The message lists of one conversation's requests, turn by turn: each the last one's, its
+    answer and one more user message, of `words` drawn at random."""
     rng = random.Random(seed)
-    words = ["alpha", "beta", "gamma", "file.py", "\n", "fix", "the", "test"]
     messages: list[dict[str, Any]] = []
     out = []
     for turn in range(turns):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from smg.pipeline.vision import ImageProcessor, VisionItem
-from smg.pipeline.vision.base import Tensor
+from smg.pipeline.vision.base import Tensor, bfloat16_bits
 from smg.pipeline.vision.gemma3 import Gemma3Processor
 from smg.pipeline.vision.gemma4 import Gemma4Processor
 from smg.pipeline.vision.llama4 import Llama4Processor
@@ -128,7 +128,7 @@ def _bfloat16(array: np.ndarray[Any, Any]) -> bytes:
     import numpy as np
 
     bits = np.ascontiguousarray(array, dtype="<f4").view("<u4")
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    rounded = bfloat16_bits(array) >> np.uint32(16)
     nan = np.isnan(array.reshape(bits.shape))
     out = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded).astype("<u2")
     return bytes(out.tobytes())

@@ -102,9 +102,9 @@ class EncodeCache:
         """The ids of `text`, from the caches where they hold it or its longest prefix."""
         if len(text) < MIN_CHARS:
             return self._encode(text)
-        data = text.encode("utf-8", "surrogatepass")
-        key = _digest(data) if self._l0_max is not None else b""
+        key = b""
         if self._l0_max is not None:
+            key = _digest(text.encode("utf-8", "surrogatepass"))
             with self._lock:
                 found = self._l0.get(key)
                 if found is not None:

@@ -140,6 +140,15 @@ def normalized(
     return array.transpose(2, 0, 1)
 
 
+def bfloat16_bits(values: Any) -> np.ndarray[Any, Any]:
+    """float32 values' bits rounded to bfloat16 (to nearest, ties to even, as torch rounds), as
+    uint32: the bfloat16 in the top half, zeros below (NaN is left to the caller)."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
+    return (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
 @dataclass(frozen=True)
 class ModelFiles:
     """A model directory's `config.json`, `preprocessor_config.json` and tokenizer vocabulary."""

@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from smg.pipeline.media import MediaItem
-from smg.pipeline.vision.base import HALF, ModelFiles, Processed, Tensor, decode, triple
+from smg.pipeline.vision.base import HALF, ModelFiles, Processed, Tensor, bfloat16_bits, decode, triple
 from smg.pipeline.vision.resample import resize_bilinear
 
 
@@ -166,9 +166,5 @@ class Llama4Processor:
 
 
 def bfloat16(values: Any) -> Any:
-    """float32 values rounded to bfloat16 (to nearest, ties to even, as torch rounds), as float32."""
-    import numpy as np
-
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32)
+    """float32 values rounded to bfloat16 (as torch rounds), as float32."""
+    return bfloat16_bits(values).view("<f4")
